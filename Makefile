@@ -1,0 +1,50 @@
+# Pointsman — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PACKAGES := shared services/collector services/picker services/simulator tools/devstack
+CONFIG ?= config/local.yaml
+
+.PHONY: help install run test test-unit test-integration lint fmt bench clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): requirements/runtime.txt requirements/dev.txt $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pointsman needs Python >= 3.11; set PYTHON=")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv with every package pinned and the console scripts in .venv/bin
+
+run: install ## start the local stack in the foreground (Ctrl-C stops it)
+	$(BIN)/pointsman-stack --config $(CONFIG)
+
+lint: install ## ruff (format check + lint) and mypy
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy shared/src services/collector/src services/picker/src services/simulator/src tools/devstack/src
+
+fmt: install ## format and autofix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test-unit: install ## unit tests of every package
+	$(BIN)/pytest -q shared/tests services/collector/tests services/picker/tests services/simulator/tests
+
+test-integration: install ## integration tests through real Redis, simulator pods, collector, picker and Envoy
+	$(BIN)/pytest -q tests/integration
+
+test: lint test-unit test-integration ## lint + unit + integration tests
+
+bench: install ## run the benchmarks (results in bench/results/)
+	$(BIN)/python bench/decision_cost.py
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,275 @@
+"""The one Pointsman config file (``apiVersion: pointsman.dev/v1alpha1``, ``kind: PointsmanConfig``).
+
+Both services read it. Every field has a default; every error names the path of the bad value.
+The four scheduling thresholds can be overridden by the environment variables upstream uses, and
+``redis.url`` by ``REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from pointsman_shared.durations import parse_duration
+from pointsman_shared.model_server import PRESETS, MetricNames
+
+API_VERSION: Final = "pointsman.dev/v1alpha1"
+KIND: Final = "PointsmanConfig"
+
+# Upstream's environment variable names for the #423 thresholds, by config key.
+THRESHOLD_ENV = {
+    "kvCacheThreshold": "KV_CACHE_THRESHOLD",
+    "queueThresholdCritical": "QUEUE_THRESHOLD_CRITICAL",
+    "queueingThresholdLoRA": "QUEUING_THRESHOLD_LORA",
+    "loraAffinityThreshold": "LORA_AFFINITY_THRESHOLD",
+}
+
+
+class ConfigError(ValueError):
+    """The config cannot be used; ``problems`` holds ``(path, message)`` pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {path}: {message}" for path, message in problems)
+        super().__init__(f"invalid config {source}:\n{lines}")
+
+
+def split_host_port(value: str, default_port: int | None = None) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or (with a default port) a bare host."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad address {value!r}")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif ":" not in text:
+        host, port_text = text, ""
+    else:
+        raise ValueError(f"bad address {value!r} (write IPv6 addresses as [addr]:port)")
+    if not host:
+        raise ValueError(f"address {value!r} has no host")
+    if not port_text:
+        if default_port is None:
+            raise ValueError(f"address {value!r} has no port")
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"address {value!r} has a bad port")
+    return host, int(port_text)
+
+
+def join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen(value: str) -> str:
+    return join_host_port(*split_host_port(value))
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+PositiveSeconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+HostPort = Annotated[str, AfterValidator(_listen)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        str_strip_whitespace=True,
+    )
+
+
+class Criticality(StrEnum):
+    CRITICAL = "Critical"
+    STANDARD = "Standard"
+    SHEDDABLE = "Sheddable"
+
+
+class FailureMode(StrEnum):
+    FAIL_OPEN = "FailOpen"
+    FAIL_CLOSE = "FailClose"
+
+
+class PoolConfig(_Model):
+    name: str = Field(default="default-pool", min_length=1)
+    target_port: int = Field(default=8000, gt=0, lt=65536)
+    endpoints: tuple[str, ...] = ()
+    failure_mode: FailureMode = FailureMode.FAIL_CLOSE
+
+    @field_validator("endpoints")
+    @classmethod
+    def _normalize_endpoints(cls, endpoints: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        target_port = info.data.get("target_port", 8000)
+        normalized: list[str] = []
+        for i, raw in enumerate(endpoints):
+            try:
+                address = join_host_port(*split_host_port(raw, target_port))
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+            if address in normalized:
+                raise ValueError(f"[{i}]: {address} is listed twice")
+            normalized.append(address)
+        return tuple(normalized)
+
+
+class TargetModel(_Model):
+    name: str = Field(min_length=1)
+    weight: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class InferenceModel(_Model):
+    """An InferenceModel (inference.networking.x-k8s.io/v1alpha2), as the config file states it."""
+
+    model_name: str = Field(min_length=1)
+    criticality: Criticality | None = None
+    target_models: tuple[TargetModel, ...] = Field(default=(), max_length=10)
+
+    @field_validator("target_models")
+    @classmethod
+    def _weights_all_or_none(cls, targets: tuple[TargetModel, ...]) -> tuple[TargetModel, ...]:
+        weighted = sum(t.weight is not None for t in targets)
+        if weighted not in (0, len(targets)):
+            raise ValueError("set a weight on every target model or on none")
+        return targets
+
+
+class SchedulingConfig(_Model):
+    kv_cache_threshold: float = Field(default=0.8, ge=0, le=1)
+    queue_threshold_critical: int = Field(default=5, ge=0)
+    queueing_threshold_lora: int = Field(default=128, ge=0, alias="queueingThresholdLoRA")
+    lora_affinity_threshold: float = Field(default=0.999, ge=0, le=1)
+
+
+class RedisConfig(_Model):
+    url: str = "redis://127.0.0.1:6379/0"
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
+class CollectorConfig(_Model):
+    interval: PositiveSeconds = 0.05
+    timeout: PositiveSeconds = 1.0
+    listen: HostPort = "0.0.0.0:9100"
+    model_server: Literal["vllm", "sglang"] = "vllm"
+    # A pod with no good scrape for this long is published unhealthy.
+    staleness: PositiveSeconds = 2.0
+    # Snapshot keys expire this long after the last publish, so readers can tell a dead collector.
+    snapshot_ttl: PositiveSeconds = 10.0
+
+
+class PickerConfig(_Model):
+    listen: HostPort = "0.0.0.0:9002"
+    health_listen: HostPort = "0.0.0.0:9003"
+    metrics_listen: HostPort = "0.0.0.0:9090"
+    destination_header: str = Field(default="x-gateway-destination-endpoint", min_length=1)
+    metadata_namespace: str = Field(default="envoy.lb", min_length=1)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # Pods whose data is older than this are used only when no fresh pod exists.
+    max_staleness: Seconds = 2.0
+
+
+class PointsmanConfig(_Model):
+    api_version: Literal["pointsman.dev/v1alpha1"] = API_VERSION
+    kind: Literal["PointsmanConfig"] = KIND
+    pool: PoolConfig = PoolConfig()
+    models: tuple[InferenceModel, ...] = ()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    redis: RedisConfig = RedisConfig()
+    collector: CollectorConfig = CollectorConfig()
+    picker: PickerConfig = PickerConfig()
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: tuple[InferenceModel, ...]) -> tuple[InferenceModel, ...]:
+        seen: set[str] = set()
+        for i, model in enumerate(models):
+            if model.model_name in seen:
+                raise ValueError(f"[{i}].modelName {model.model_name!r} is declared twice")
+            seen.add(model.model_name)
+        return models
+
+    @property
+    def metric_names(self) -> MetricNames:
+        return PRESETS[self.collector.model_server]
+
+
+def parse_config(
+    doc: Mapping[str, Any] | None, *, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> PointsmanConfig:
+    """Validate a config document, then apply environment overrides."""
+    data: dict[str, Any] = dict(doc or {})
+    if environ:
+        data = _with_env_overrides(data, environ)
+    try:
+        return PointsmanConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_problem(err["loc"], err["msg"]) for err in exc.errors()]) from None
+
+
+def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> PointsmanConfig:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, [("", f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [("", f"not valid YAML: {exc}")]) from None
+    if doc is not None and not isinstance(doc, dict):
+        raise ConfigError(source, [("", "the document must be a mapping")])
+    return parse_config(doc, source=source, environ=environ)
+
+
+def _with_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    overrides = {key: environ[var] for key, var in THRESHOLD_ENV.items() if var in environ}
+    scheduling = data.get("scheduling")
+    if overrides and (scheduling is None or isinstance(scheduling, dict)):
+        data["scheduling"] = {**(scheduling or {}), **overrides}
+    redis = data.get("redis")
+    if "REDIS_URL" in environ and (redis is None or isinstance(redis, dict)):
+        data["redis"] = {**(redis or {}), "url": environ["REDIS_URL"]}
+    return data
+
+
+# A validator that checks list items reports "[i]: message" or "[i].key ...": fold that into the path.
+_ITEM_PREFIX = re.compile(r"^(\[\d+\](?:\.\w+)*):?\s*")
+
+
+def _problem(loc: tuple[int | str, ...], msg: str) -> tuple[str, str]:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not part.startswith(("function-", "tagged-union")):  # pydantic's names, not the document's
+            path += f".{part}" if path else part
+    message = msg.removeprefix("Value error, ")
+    if match := _ITEM_PREFIX.match(message):
+        path += match.group(1)
+        message = message[match.end() :]
+    return path, message

@@ -1,0 +1,31 @@
+"""Where a pool's state lives in Redis. Documented in docs/redis-schema.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RedisKeys:
+    pool: str
+    prefix: str = "pointsman"
+
+    @property
+    def _base(self) -> str:
+        # The hash tag keeps a pool's keys in one slot, so the publish script works on Redis Cluster.
+        return f"{self.prefix}:{{{self.pool}}}"
+
+    @property
+    def snapshot(self) -> str:
+        """Hash ``{version, data}``: the newest pool snapshot and its version, written together."""
+        return f"{self._base}:snapshot"
+
+    @property
+    def sequence(self) -> str:
+        """Counter behind ``version``; never expires, so versions only grow across collector restarts."""
+        return f"{self._base}:seq"
+
+    @property
+    def channel(self) -> str:
+        """Pub/sub channel; each message is the version just published."""
+        return f"{self._base}:updates"

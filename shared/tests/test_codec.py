@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pointsman_shared.codec import CODEC_VERSION, CodecError, decode_pool, encode_pool, pod_to_dict
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+
+
+def pod(address: str = "10.0.0.1:8000", **fields: object) -> PodSnapshot:
+    return PodSnapshot(address=address, **fields)  # type: ignore[arg-type]
+
+
+POOL = PoolSnapshot(
+    pool="p",
+    version=7,
+    published_at=1764000000.25,
+    pods=(
+        pod(
+            waiting=3,
+            running=2,
+            kv_cache_usage=0.5,
+            max_lora=4,
+            running_adapters=frozenset({"b", "a"}),
+            waiting_adapters=frozenset({"c"}),
+            updated_at=1764000000.0,
+        ),
+        pod("[::1]:8001", healthy=False, reason="timeout"),
+    ),
+)
+
+
+def test_round_trip_keeps_every_field() -> None:
+    assert decode_pool(encode_pool(POOL), 7) == POOL
+    assert decode_pool(encode_pool(POOL), 7).pods[0].active_adapters == {"a", "b", "c"}
+
+
+def test_encoding_is_deterministic() -> None:
+    assert encode_pool(POOL) == encode_pool(POOL)
+
+
+def _blob(**changes: object) -> bytes:
+    doc = orjson.loads(encode_pool(POOL))
+    doc.update(changes)
+    return orjson.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (_blob(codec=CODEC_VERSION + 1), "not supported"),
+        (_blob(codec=None), "not supported"),
+        (_blob(pods=[{"address": "a"}]), "missing"),
+        (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "waiting": "3"}]), "mistypes"),
+        (_blob(publishedAt=True), "mistypes"),
+    ],
+    ids=[
+        "not json",
+        "not an object",
+        "newer codec",
+        "no codec",
+        "missing field",
+        "string count",
+        "bool time",
+    ],
+)
+def test_bad_blobs_are_refused(data: bytes, message: str) -> None:
+    with pytest.raises(CodecError, match=message):
+        decode_pool(data, 1)
+
+
+def test_pod_to_dict_is_the_api_shape() -> None:
+    assert pod_to_dict(POOL.pods[0]) == {
+        "address": "10.0.0.1:8000",
+        "waiting": 3,
+        "running": 2,
+        "kvCacheUsage": 0.5,
+        "maxLora": 4,
+        "runningAdapters": ["a", "b"],
+        "waitingAdapters": ["c"],
+        "activeAdapters": ["a", "b", "c"],
+        "updatedAt": 1764000000.0,
+        "healthy": True,
+        "reason": "",
+    }

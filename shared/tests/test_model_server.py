@@ -1,0 +1,112 @@
+"""Every fixture page, read with its preset, against what its ``.expected.json`` says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pointsman_shared.model_server import PRESETS, LoraState, MetricsPageError, read_page
+
+FIXTURES = Path(__file__).parent / "data" / "vllm-metrics"
+PAGES = sorted(p.stem for p in FIXTURES.glob("*.txt"))
+
+
+def _preset(name: str) -> str:
+    return "sglang" if name.startswith("sglang") else "vllm"
+
+
+def _load(name: str) -> tuple[str, dict[str, object]]:
+    page = (FIXTURES / f"{name}.txt").read_text()
+    expected = json.loads((FIXTURES / f"{name}.expected.json").read_text())
+    return page, expected
+
+
+def test_every_fixture_has_an_expectation() -> None:
+    assert PAGES
+    assert all((FIXTURES / f"{name}.expected.json").exists() for name in PAGES)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_fixture_page(name: str) -> None:
+    page, expected = _load(name)
+    names = PRESETS[_preset(name)]
+    if expected.get("error") == "parse":
+        with pytest.raises(MetricsPageError) as excinfo:
+            read_page(page, names)
+        assert excinfo.value.reason == "parse"
+        return
+    got = read_page(page, names)
+    if "error" in expected:
+        # The LoRA series is unusable, the rest of the page still counts.
+        assert got.lora_error == expected["error"]
+        assert got.lora is None
+        assert got.waiting is not None
+        assert got.kv_cache_usage is not None
+        return
+    assert got.waiting == expected["waiting"]
+    assert got.running == expected["running"]
+    assert got.kv_cache_usage == pytest.approx(expected["kv_cache_usage"])
+    if expected["active_adapters"] == "unchanged":
+        assert got.lora is None
+    elif expected["max_lora"] == 0 and expected["active_adapters"] == []:
+        assert got.lora is None  # no LoRA family: nothing to say about adapters
+    else:
+        assert got.lora == LoraState(
+            max_lora=expected["max_lora"],  # type: ignore[arg-type]
+            running=frozenset(expected["running_adapters"]),  # type: ignore[arg-type]
+            waiting=frozenset(expected["waiting_adapters"]),  # type: ignore[arg-type]
+        )
+        assert got.lora.running | got.lora.waiting == frozenset(expected["active_adapters"])  # type: ignore[arg-type]
+
+
+LORA = "vllm:lora_requests_info"
+
+
+def _lora(running: str, waiting: str, ts: float, max_lora: str = "4") -> str:
+    labels = f'max_lora="{max_lora}",running_lora_adapters="{running}",waiting_lora_adapters="{waiting}"'
+    return f"{LORA}{{{labels}}} {ts}\n"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([_lora(" a , b ,", "", 2)], LoraState(4, frozenset({"a", "b"}), frozenset())),
+        ([_lora("a", "", 2), _lora("b", "c", 3)], LoraState(4, frozenset({"b"}), frozenset({"c"}))),
+        ([_lora("", "", 9), _lora("a", "", 1)], LoraState(4, frozenset({"a"}), frozenset())),
+        ([_lora(" , ", "", 9)], None),
+        ([], None),
+    ],
+    ids=["trimmed names", "newest wins", "idle newest skipped", "blank names are idle", "no family"],
+)
+def test_lora_series_rules(lines: list[str], expected: LoraState | None) -> None:
+    page = "vllm:num_requests_waiting 1\n" + "".join(lines)
+    assert read_page(page, PRESETS["vllm"]).lora == expected
+
+
+@pytest.mark.parametrize(
+    ("page", "reason"),
+    [
+        ("vllm:num_requests_waiting -1\n", "value"),
+        ("vllm:num_requests_waiting NaN\n", "value"),
+        ("vllm:kv_cache_usage_perc +Inf\n", "value"),
+        ("vllm:num_requests_waiting{a=} 1\n", "parse"),
+    ],
+)
+def test_unusable_values(page: str, reason: str) -> None:
+    with pytest.raises(MetricsPageError) as excinfo:
+        read_page(page, PRESETS["vllm"])
+    assert excinfo.value.reason == reason
+
+
+def test_fields_a_page_omits_are_none() -> None:
+    got = read_page("vllm:num_requests_running 2\n", PRESETS["vllm"])
+    assert (got.waiting, got.running, got.kv_cache_usage, got.lora) == (None, 2, None, None)
+
+
+def test_kv_falls_back_to_the_old_name_only_when_the_new_one_is_absent() -> None:
+    both = "vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n"
+    assert read_page(both, PRESETS["vllm"]).kv_cache_usage == pytest.approx(0.1)
+    old = "vllm:gpu_cache_usage_perc 0.9\n"
+    assert read_page(old, PRESETS["vllm"]).kv_cache_usage == pytest.approx(0.9)
