@@ -1,0 +1,165 @@
+"""``pointsman-sim``: simulated vLLM pods, one per port, all in one process.
+
+Flags follow vLLM's names where vLLM has one::
+
+    pointsman-sim --ports 8001,8002,8003 --adapters tweet-summary-0,tweet-summary-1,sql-lora --max-loras 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from pointsman_sim.engine import EngineConfig
+from pointsman_sim.pod import DEFAULT_MODEL, PodSpec, SimPod
+from pointsman_sim.servers import bind, serve_pods
+
+logger = logging.getLogger("pointsman_sim")
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _ports(text: str) -> list[int]:
+    try:
+        ports = [int(part) for part in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated port numbers, got {text!r}") from None
+    if not ports or any(not 0 <= port <= 65535 for port in ports) or len(set(ports)) != len(ports):
+        raise argparse.ArgumentTypeError(f"expected distinct port numbers 0-65535, got {text!r}")
+    return ports
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = EngineConfig()
+    parser = argparse.ArgumentParser(
+        prog="pointsman-sim",
+        description="Simulated vLLM pods: OpenAI API, vLLM /metrics, continuous batching with LoRA slots.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    ports = parser.add_mutually_exclusive_group()
+    ports.add_argument("--ports", type=_ports, help="comma-separated ports, one pod per port")
+    ports.add_argument("--port", type=int, help="a single pod's port (default 8000)")
+    parser.add_argument(
+        "--pod-names",
+        type=_names,
+        help="comma-separated names for the x-pointsman-pod header, one per port (default host:port)",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="base model name (default %(default)s)")
+    parser.add_argument("--adapters", type=_names, default=[], help="comma-separated LoRA adapter names")
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME[=PATH]",
+        help="LoRA adapters the vLLM way (paths are ignored); adds to --adapters",
+    )
+    parser.add_argument("--max-loras", type=int, default=defaults.max_loras, help="default %(default)s")
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="default %(default)s")
+    parser.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=defaults.num_gpu_blocks,
+        help="KV-cache blocks of 16 tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=defaults.max_model_len, help="default %(default)s"
+    )
+    parser.add_argument(
+        "--speedup",
+        type=_positive(float),
+        default=1.0,
+        help="divide every simulated duration by this, for fast tests (default %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="default %(default)s",
+    )
+    return parser
+
+
+def requested_ports(args: argparse.Namespace) -> list[int]:
+    return args.ports or [args.port if args.port is not None else 8000]
+
+
+def pod_specs(args: argparse.Namespace, ports: Sequence[int]) -> list[PodSpec]:
+    """One pod spec per port; raises ``ValueError`` for arguments that do not fit together."""
+    names: list[str] = args.pod_names or [f"{args.host}:{port}" for port in ports]
+    if len(names) != len(ports):
+        raise ValueError(f"--pod-names has {len(names)} names for {len(ports)} ports")
+    adapters = [
+        *args.adapters,
+        *(name for module in args.lora_modules for name in _lora_module_names(module)),
+    ]
+    engine = EngineConfig(
+        num_gpu_blocks=args.num_gpu_blocks_override,
+        max_num_seqs=args.max_num_seqs,
+        max_loras=args.max_loras,
+        max_model_len=args.max_model_len,
+    )
+    return [
+        PodSpec(name=name, model=args.model, adapters=tuple(adapters), engine=engine, speedup=args.speedup)
+        for name in names
+    ]
+
+
+def _lora_module_names(module: str) -> list[str]:
+    # vLLM takes `name=path`; a bare name is accepted too, and commas as in --adapters.
+    return [part.split("=", 1)[0].strip() for part in _names(module)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ports = requested_ports(args)
+    try:
+        pod_specs(args, ports)  # fail on bad arguments before binding anything
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    sockets = []
+    for port in ports:
+        try:
+            sockets.append(bind(args.host, port))
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            print(f"pointsman-sim: cannot listen on {args.host}:{port}: {exc}", file=sys.stderr)
+            return 1
+    # Port 0 picks a free port: name the pod by the port it got.
+    specs = pod_specs(args, [sock.getsockname()[1] for sock in sockets])
+    pods = [SimPod(spec) for spec in specs]
+    logger.info("serving %s", ", ".join(f"{pod.name} ({pod.spec.model})" for pod in pods))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve_pods(pods, sockets, log_level=args.log_level))
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())

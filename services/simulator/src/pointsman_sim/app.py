@@ -1,0 +1,232 @@
+"""One pod's HTTP API: vLLM's OpenAI-compatible routes, ``/metrics``, ``/health`` and ``/control``.
+
+Routes:
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: ``model`` is the base model or an adapter
+  (else 404); JSON responses always carry ``usage``; ``"stream": true`` answers with SSE ``data:``
+  chunks, a usage chunk when ``stream_options.include_usage`` is true, then ``data: [DONE]``.
+- ``GET /v1/models``: the base model, then each adapter with ``parent`` = the base model.
+- ``GET /metrics``: vLLM's Prometheus page (pins applied); ``GET /health``: 200 while serving.
+- ``POST /control``: ``{"pin": {"waiting": 12, "running": 3, "kvCacheUsage": 0.5,
+  "runningAdapters": ["a"], "waitingAdapters": [], "maxLora": 4}}`` (any subset of the keys) replaces
+  the pins, ``{"pin": null}`` clears them; answers ``{"pin": <the pins now> | null}``. Errors: 400.
+
+Every response, errors included, carries ``x-pointsman-pod: <pod name>`` so tests can tell which pod
+served a request. Errors have vLLM's shape ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pointsman_sim.control import ControlError, parse_control
+from pointsman_sim.driver import PodClosed, RequestStream
+from pointsman_sim.engine import RequestRejected
+from pointsman_sim.metrics import CONTENT_TYPE
+from pointsman_sim.openai_protocol import (
+    ChatCompletion,
+    GenerationCall,
+    ProtocolError,
+    TextCompletion,
+    error_body,
+    filler_text,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from pointsman_sim.pod import SimPod, UnknownModel
+
+logger = logging.getLogger(__name__)
+
+POD_HEADER = "x-pointsman-pod"
+
+
+class ResponseShape(Protocol):
+    def opening_chunks(self) -> list[dict[str, object]]: ...
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, object]: ...
+    def body(self, text: str, finish_reason: str, usage: dict[str, object]) -> dict[str, object]: ...
+    def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]: ...
+
+
+def create_app(pod: SimPod) -> FastAPI:
+    """The pod's app; the pod must be running (``async with pod``) for generation requests."""
+    app = FastAPI(title="pointsman-sim", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(PodHeaderMiddleware, pod_name=pod.name)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(pod, request, parse_completion, TextCompletion, "cmpl")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(pod, request, parse_chat, ChatCompletion, "chatcmpl")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        def card(model_id: str, parent: str | None) -> dict[str, object]:
+            return {
+                "id": model_id,
+                "object": "model",
+                "created": pod.started_at,
+                "owned_by": "vllm",
+                "root": model_id,
+                "parent": parent,
+                "max_model_len": pod.spec.engine.max_model_len if parent is None else None,
+            }
+
+        cards = [card(pod.spec.model, None), *(card(a, pod.spec.model) for a in pod.spec.adapters)]
+        return _json({"object": "list", "data": cards})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(pod.metrics_page(), media_type=CONTENT_TYPE)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response()
+
+    @app.post("/control")
+    async def control(request: Request) -> Response:
+        try:
+            pod.pins = parse_control(orjson.loads(await request.body()))
+        except orjson.JSONDecodeError as exc:
+            return _error(400, "BadRequestError", f"the body is not JSON: {exc}")
+        except ControlError as exc:
+            return _error(400, "BadRequestError", str(exc), "pin")
+        return _json({"pin": None if pod.pins is None else pod.pins.to_json()})
+
+    return app
+
+
+async def _generate(
+    pod: SimPod,
+    request: Request,
+    parse: Callable[[object], GenerationCall],
+    shape_type: Callable[[str, str, int], ResponseShape],
+    id_prefix: str,
+) -> Response:
+    try:
+        call = parse(orjson.loads(await request.body()))
+    except orjson.JSONDecodeError as exc:
+        return _error(400, "BadRequestError", f"the body is not JSON: {exc}")
+    except ProtocolError as exc:
+        return _error(400, "BadRequestError", str(exc), exc.param)
+    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    try:
+        stream = pod.submit(request_id, call.model, call.prompt_tokens, call.max_tokens)
+    except UnknownModel:
+        return _error(404, "NotFoundError", f"The model `{call.model}` does not exist.", "model")
+    except RequestRejected as exc:
+        return _error(400, "BadRequestError", str(exc))
+    except PodClosed as exc:
+        return _error(503, "ServiceUnavailableError", str(exc))
+    shape = shape_type(request_id, call.model, int(time.time()))
+    if call.stream:
+        return StreamingResponse(_events(pod, call, shape, stream), media_type="text/event-stream")
+    try:
+        produced = await _until_done_or_gone(stream, request)
+    except PodClosed as exc:
+        return _error(503, "ServiceUnavailableError", str(exc))
+    finally:
+        if not stream.done:
+            pod.cancel(request_id)
+    if produced is None:
+        return Response(status_code=499)  # nobody is listening; vLLM aborts such requests too
+    return _json(shape.body(filler_text(0, produced), "length", usage(call.prompt_tokens, produced)))
+
+
+async def _until_done_or_gone(stream: RequestStream, request: Request) -> int | None:
+    """The number of tokens generated, or ``None`` if the client disconnected first."""
+
+    async def count() -> int:
+        return sum([n async for n in stream.tokens()])
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    counting = asyncio.ensure_future(count())
+    watching = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((counting, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        counting.cancel()
+    return counting.result() if counting.done() and not counting.cancelled() else None
+
+
+async def _events(
+    pod: SimPod, call: GenerationCall, shape: ResponseShape, stream: RequestStream
+) -> AsyncIterator[bytes]:
+    """The SSE body; a client that goes away cancels this generator, which frees the engine."""
+    try:
+        for chunk in shape.opening_chunks():
+            yield _event(chunk)
+        produced = 0
+        async for count in stream.tokens():
+            text = filler_text(produced, count)
+            produced += count
+            yield _event(shape.chunk(text, "length" if produced >= call.max_tokens else None))
+        if call.include_usage:
+            yield _event(shape.usage_chunk(usage(call.prompt_tokens, produced)))
+    except PodClosed as exc:
+        yield _event(error_body(str(exc), "ServiceUnavailableError", 503))
+    finally:
+        if not stream.done:
+            pod.cancel(stream.request_id)
+    yield b"data: [DONE]\n\n"
+
+
+def _event(payload: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _json(payload: dict[str, object], status_code: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
+
+
+def _error(status_code: int, error_type: str, message: str, param: str | None = None) -> Response:
+    return _json(error_body(message, error_type, status_code, param), status_code)
+
+
+class PodHeaderMiddleware:
+    """Adds the pod header to every response, including the 500 it makes of an unhandled error.
+
+    It wraps the routes (inside FastAPI's own error middleware), so it answers unexpected errors
+    itself; otherwise those 500s would go out without the header.
+    """
+
+    def __init__(self, app: ASGIApp, pod_name: str) -> None:
+        self._app = app
+        self._header = (POD_HEADER.encode(), pod_name.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = False
+
+        async def send_with_header(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {**message, "headers": [*message.get("headers", ()), self._header]}
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_with_header)
+        except Exception:
+            if started:
+                raise
+            logger.exception("unhandled error serving %s %s", scope["method"], scope["path"])
+            response = _error(500, "InternalServerError", "internal error in the simulator")
+            await response(scope, receive, send_with_header)
