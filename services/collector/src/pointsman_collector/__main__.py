@@ -1,0 +1,146 @@
+"""``pointsman-collector --config FILE``: scrape the pool's pods and publish them to Redis until signalled."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from pointsman_collector.app import create_app
+from pointsman_collector.loop import Collector
+from pointsman_collector.sink import RedisSnapshotSink
+from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
+from pointsman_shared.keys import RedisKeys
+
+log = logging.getLogger("pointsman_collector")
+
+# uvicorn's own bound on draining open HTTP requests at shutdown.
+HTTP_GRACE = 5
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pointsman-collector", description=__doc__)
+    parser.add_argument("--config", help="the Pointsman config file (default: $POINTSMAN_CONFIG)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+    path = args.config or os.environ.get("POINTSMAN_CONFIG")
+    if not path:
+        parser.error("--config is required when POINTSMAN_CONFIG is not set")
+    try:
+        config = load_config(path, environ=os.environ)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(serve(config))
+
+
+async def serve(config: PointsmanConfig) -> int:
+    """Run until SIGINT or SIGTERM; return the process exit code."""
+    host, port = split_host_port(config.collector.listen)
+    try:
+        # Bound before anything starts, so a taken port fails fast and plainly.
+        sock = _bind(host, port)
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", config.collector.listen, exc.strerror or exc)
+        return 1
+    registry = CollectorRegistry()
+    sink = RedisSnapshotSink.from_url(
+        config.redis.url, RedisKeys(config.pool.name), ttl=config.collector.snapshot_ttl
+    )
+    collector = Collector.from_config(config, sink=sink, registry=registry)
+    server = _Server(
+        uvicorn.Config(
+            create_app(collector, registry=registry),
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=HTTP_GRACE,
+        )
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "collecting pool %s: %d pods every %.0f ms, publishing to %s, listening on %s",
+        config.pool.name,
+        len(config.pool.endpoints),
+        config.collector.interval * 1000,
+        _redacted(config.redis.url),
+        config.collector.listen,
+    )
+    collector.start(config.pool.endpoints)
+    http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
+    signalled = asyncio.create_task(stop.wait(), name="signal")
+    try:
+        await asyncio.wait([http, signalled], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        log.info("shutting down")
+        # Readiness goes false and the loops stop, then HTTP drains, then Redis closes.
+        signalled.cancel()
+        await collector.stop()
+        server.should_exit = True
+        (http_outcome,) = await asyncio.gather(http, return_exceptions=True)
+        await sink.aclose()
+        sock.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    if not stop.is_set():
+        log.error("the HTTP server stopped on its own: %r", http_outcome)
+        return 1
+    log.info("stopped")
+    return 0
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # serve() owns SIGINT and SIGTERM; uvicorn's handler would re-raise them after shutdown.
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    return f"{scheme}{sep}***@{location}" if at and credentials else url
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The collector's own Prometheus metrics, on a registry the caller owns (tests make a fresh one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pointsman_collector.errors import PUBLISH_REASONS, SCRAPE_REASONS
+from pointsman_shared.snapshot import PoolSnapshot
+
+# A scrape is ~1 ms on a LAN and bounded by the timeout (1 s by default); Redis publishes are faster.
+_SCRAPE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_PUBLISH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+
+
+class CollectorMetrics:
+    def __init__(
+        self, registry: CollectorRegistry, *, pool: str, snapshot: Callable[[], PoolSnapshot | None]
+    ) -> None:
+        self.scrape_duration = Histogram(
+            "pointsman_collector_scrape_duration_seconds",
+            "Time to fetch and read one pod's metrics page, failed scrapes included.",
+            buckets=_SCRAPE_BUCKETS,
+            registry=registry,
+        )
+        self.scrape_errors = Counter(
+            "pointsman_collector_scrape_errors",
+            "Failed or partly failed scrapes, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.publish_duration = Histogram(
+            "pointsman_collector_publish_duration_seconds",
+            "Time to publish one pool snapshot to Redis, failed publishes included.",
+            buckets=_PUBLISH_BUCKETS,
+            registry=registry,
+        )
+        self.publish_errors = Counter(
+            "pointsman_collector_publish_errors",
+            "Failed publishes to Redis, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.snapshot_version = Gauge(
+            "pointsman_collector_snapshot_version",
+            "Version of the last pool snapshot published to Redis.",
+            registry=registry,
+        )
+        # Zero series from the start, so rate() sees the first error of each kind.
+        for reason in SCRAPE_REASONS:
+            self.scrape_errors.labels(reason)
+        for reason in PUBLISH_REASONS:
+            self.publish_errors.labels(reason)
+        registry.register(PoolCollector(pool, snapshot))
+
+
+class PoolCollector(Collector):
+    """Per-pod gauges and upstream's pool gauges, read from the last published snapshot at scrape time.
+
+    Built fresh on every collect, so a pod that left the pool leaves no stale series behind.
+    """
+
+    def __init__(self, pool: str, snapshot: Callable[[], PoolSnapshot | None]) -> None:
+        self._pool = pool
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # the series depend on the pods; nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot = self._snapshot()
+        pods = snapshot.pods if snapshot is not None else ()
+        labels = ["pool", "pod"]
+        waiting = GaugeMetricFamily(
+            "pointsman_pod_waiting_requests", "Requests waiting on the pod.", labels=labels
+        )
+        running = GaugeMetricFamily(
+            "pointsman_pod_running_requests", "Requests running on the pod.", labels=labels
+        )
+        kv = GaugeMetricFamily(
+            "pointsman_pod_kv_cache_usage", "KV-cache use of the pod, 0..1.", labels=labels
+        )
+        adapters = GaugeMetricFamily(
+            "pointsman_pod_active_adapters", "LoRA adapters running or waiting on the pod.", labels=labels
+        )
+        healthy = GaugeMetricFamily(
+            "pointsman_pod_healthy", "1 if the pod's data is current, else 0.", labels=labels
+        )
+        for pod in pods:
+            key = [self._pool, pod.address]
+            waiting.add_metric(key, pod.waiting)
+            running.add_metric(key, pod.running)
+            kv.add_metric(key, pod.kv_cache_usage)
+            adapters.add_metric(key, len(pod.active_adapters))
+            healthy.add_metric(key, 1.0 if pod.healthy else 0.0)
+        yield from (waiting, running, kv, adapters, healthy)
+        # Upstream's pool gauges, averaged over the pods the picker would use.
+        ready = [pod for pod in pods if pod.healthy]
+        name = [self._pool]
+        ready_pods = GaugeMetricFamily(
+            "inference_pool_ready_pods", "Pods of the pool with current data.", labels=["name"]
+        )
+        ready_pods.add_metric(name, len(ready))
+        yield ready_pods
+        if ready:
+            avg_kv = GaugeMetricFamily(
+                "inference_pool_average_kv_cache_utilization",
+                "Mean KV-cache use of the pool's ready pods.",
+                labels=["name"],
+            )
+            avg_kv.add_metric(name, sum(pod.kv_cache_usage for pod in ready) / len(ready))
+            avg_queue = GaugeMetricFamily(
+                "inference_pool_average_queue_size",
+                "Mean waiting queue of the pool's ready pods.",
+                labels=["name"],
+            )
+            avg_queue.add_metric(name, sum(pod.waiting for pod in ready) / len(ready))
+            yield from (avg_kv, avg_queue)

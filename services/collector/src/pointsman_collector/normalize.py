@@ -1,0 +1,104 @@
+"""From scrape outcomes to the pod state the collector publishes. Pure: time comes in as ``now``.
+
+Rules (upstream-spec §4):
+- A field the page did not give keeps its previous value (upstream's partial updates).
+- ``page.lora is None`` (no LoRA family, or only idle series) keeps the previous adapter sets and
+  max_lora: the last-known adapter set rule. ``page.lora_error`` leaves the LoRA fields as they were
+  while queue and KV still update.
+- Health: a pod is published unhealthy, with a ``reason``, until its first good scrape, after
+  ``max_failures`` failed scrapes in a row, or when its last good scrape is older than ``staleness``.
+  The next good scrape makes it healthy again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pointsman_shared.model_server import PageMetrics
+from pointsman_shared.snapshot import PodSnapshot
+
+# Reasons of unhealthy pods besides the scrape error reasons (errors.SCRAPE_REASONS).
+PENDING = "pending"  # not scraped yet
+STALE = "stale"  # no good scrape within the staleness window, without a failure to blame
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    max_failures: int = 3
+    staleness: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    """What the collector knows about one pod: the snapshot to publish and the failure streak."""
+
+    snapshot: PodSnapshot
+    failures: int = 0  # failed scrapes in a row
+    error: str = ""  # reason of the latest failed scrape; empty after a good one
+    good: bool = False  # whether any scrape has succeeded, i.e. whether the snapshot holds data
+
+    @property
+    def attempted(self) -> bool:
+        return self.good or self.failures > 0
+
+
+def new_pod(address: str) -> PodState:
+    return PodState(PodSnapshot(address=address, healthy=False, reason=PENDING))
+
+
+def on_page(state: PodState, page: PageMetrics, now: float) -> PodState:
+    """A good scrape: merge the page into the previous snapshot; the pod is healthy."""
+    prev = state.snapshot
+    lora = page.lora
+    return PodState(
+        PodSnapshot(
+            address=prev.address,
+            waiting=prev.waiting if page.waiting is None else page.waiting,
+            running=prev.running if page.running is None else page.running,
+            kv_cache_usage=prev.kv_cache_usage if page.kv_cache_usage is None else page.kv_cache_usage,
+            max_lora=prev.max_lora if lora is None else lora.max_lora,
+            running_adapters=prev.running_adapters if lora is None else lora.running,
+            waiting_adapters=prev.waiting_adapters if lora is None else lora.waiting,
+            updated_at=now,
+        ),
+        good=True,
+    )
+
+
+def on_failure(state: PodState, reason: str, now: float, policy: HealthPolicy) -> PodState:
+    """A failed scrape: the data stays as last known; health follows the policy."""
+    failed = PodState(state.snapshot, failures=state.failures + 1, error=reason, good=state.good)
+    return judge(failed, now, policy)
+
+
+def judge(state: PodState, now: float, policy: HealthPolicy) -> PodState:
+    """Apply the health policy at ``now``; returns ``state`` itself when nothing changes."""
+    healthy, reason = _health(state, now, policy)
+    snapshot = state.snapshot
+    if snapshot.healthy == healthy and snapshot.reason == reason:
+        return state
+    return replace(state, snapshot=replace(snapshot, healthy=healthy, reason=reason))
+
+
+def _health(state: PodState, now: float, policy: HealthPolicy) -> tuple[bool, str]:
+    if not state.good:
+        return False, state.error or PENDING
+    if state.failures >= policy.max_failures:
+        return False, state.error
+    if now - state.snapshot.updated_at > policy.staleness:
+        return False, state.error or STALE
+    return True, ""
+
+
+def same_load(a: PodSnapshot, b: PodSnapshot) -> bool:
+    """Whether two snapshots say the same thing to the picker, apart from their update times."""
+    return (
+        a.waiting == b.waiting
+        and a.running == b.running
+        and a.kv_cache_usage == b.kv_cache_usage
+        and a.healthy == b.healthy
+        and a.reason == b.reason
+        and a.max_lora == b.max_lora
+        and a.running_adapters == b.running_adapters
+        and a.waiting_adapters == b.waiting_adapters
+    )

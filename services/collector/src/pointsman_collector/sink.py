@@ -1,0 +1,76 @@
+"""Where pool snapshots go: Redis, written atomically by one Lua script (docs/redis-schema.md)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from pointsman_collector.errors import PublishError
+from pointsman_shared.codec import encode_pool
+from pointsman_shared.keys import RedisKeys
+from pointsman_shared.snapshot import PoolSnapshot
+
+
+class SnapshotSink(Protocol):
+    async def publish(self, pool: PoolSnapshot) -> int:
+        """Store ``pool`` (its ``version`` is ignored) and return the version the store assigned.
+
+        Raises :class:`PublishError`.
+        """
+        ...
+
+
+# One round trip, and readers never see a version without its data: the counter, the hash, its expiry
+# and the notification change together. KEYS: sequence, snapshot, channel (one hash slot, see keys.py).
+_PUBLISH = """
+local v = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], 'version', v, 'data', ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PUBLISH', KEYS[3], v)
+return v
+"""
+
+_SOCKET_TIMEOUT = 1.0
+
+
+class RedisSnapshotSink:
+    def __init__(self, client: Redis, keys: RedisKeys, *, ttl: float) -> None:
+        self._client = client
+        self._keys = (keys.sequence, keys.snapshot, keys.channel)
+        self._ttl_ms = max(1, round(ttl * 1000))
+        # register_script runs EVALSHA and reloads the script if Redis lost it (after a restart).
+        self._script = client.register_script(_PUBLISH)
+
+    @classmethod
+    def from_url(cls, url: str, keys: RedisKeys, *, ttl: float) -> RedisSnapshotSink:
+        client = Redis.from_url(
+            url,
+            # A publish happens at least every second: a few quick retries ride out a blip without
+            # holding the publisher for long; a failed publish is retried on the publisher's next round.
+            retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=2),
+            socket_timeout=_SOCKET_TIMEOUT,
+            socket_connect_timeout=_SOCKET_TIMEOUT,
+            health_check_interval=30,
+        )
+        return cls(client, keys, ttl=ttl)
+
+    async def publish(self, pool: PoolSnapshot) -> int:
+        blob = encode_pool(pool)
+        try:
+            version = await self._script(keys=self._keys, args=(blob, self._ttl_ms))
+        except RedisTimeoutError as exc:
+            raise PublishError("timeout", str(exc)) from None
+        except (RedisConnectionError, OSError) as exc:
+            raise PublishError("connection", str(exc)) from None
+        except RedisError as exc:
+            raise PublishError("server", str(exc)) from None
+        return int(version)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

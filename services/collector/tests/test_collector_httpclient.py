@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pointsman_collector.errors import FetchError
+from pointsman_collector.httpclient import HttpClient
+from pointsman_devstack.redis_server import free_port
+
+PAGE = b"vllm:num_requests_waiting 3\n" * 100  # 2.8 KB
+
+
+def client_for(server, *, timeout: float = 1.0, max_body: int = 64 * 1024) -> HttpClient:
+    return HttpClient("127.0.0.1", server.port, timeout=timeout, max_body=max_body)
+
+
+@pytest.mark.parametrize(
+    ("reply", "connections"),
+    [
+        ({}, 1),
+        ({"chunk_size": 1000}, 1),
+        ({"chunk_size": 7}, 1),
+        ({"close": True}, 3),
+        ({"unframed": True}, 3),
+        ({"hang_up": True}, 3),
+    ],
+    ids=["content-length", "chunked", "small chunks", "connection close", "until close", "silent close"],
+)
+async def test_reads_every_framing_and_reuses_the_connection_when_allowed(
+    pod_server, reply: dict[str, object], connections: int
+) -> None:
+    server = await pod_server(PAGE, **reply)
+    client = client_for(server)
+    try:
+        for _ in range(3):
+            assert await client.get() == PAGE
+    finally:
+        await client.aclose()
+    assert (server.requests, server.connections) == (3, connections)
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ({"status": 500}, "http_status"),
+        ({"status": 404, "close": True}, "http_status"),
+        ({"delay": 0.5}, "timeout"),
+        ({"page": b"x" * 2000}, "too_large"),
+        ({"page": b"x" * 2000, "chunk_size": 100}, "too_large"),
+        ({"page": b"x" * 2000, "unframed": True}, "too_large"),
+        ({"reset": True}, "protocol"),
+        ({"raw": b"SSH-2.0-OpenSSH_9.6\r\n\r\n"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\n"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nContent-"}, "protocol"),
+    ],
+    ids=[
+        "500",
+        "404 with close",
+        "slower than the timeout",
+        "content-length over the cap",
+        "chunks over the cap",
+        "unframed body over the cap",
+        "connection reset",
+        "not HTTP",
+        "body cut short",
+        "bad content-length",
+        "bad chunk size",
+        "chunk without CRLF",
+        "header without colon",
+        "head cut short",
+    ],
+)
+async def test_failures_have_a_reason_and_the_next_request_reconnects(
+    pod_server, reply: dict[str, object], reason: str
+) -> None:
+    server = await pod_server(**reply)
+    client = client_for(server, timeout=0.2, max_body=1000)
+    try:
+        with pytest.raises(FetchError) as excinfo:
+            await client.get()
+        assert excinfo.value.reason == reason
+        server.serve(b"ok")
+        assert await client.get() == b"ok"
+    finally:
+        await client.aclose()
+    assert server.connections == 2
+
+
+async def test_a_closed_port_is_a_connect_error() -> None:
+    client = HttpClient("127.0.0.1", free_port(), timeout=1.0)
+    try:
+        with pytest.raises(FetchError) as excinfo:
+            await client.get()
+    finally:
+        await client.aclose()
+    assert excinfo.value.reason == "connect"
+
+
+async def test_sends_one_plain_get_with_the_host_header() -> None:
+    captured: list[bytes] = []
+
+    async def capture(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        captured.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nbody")
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(capture, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = HttpClient("127.0.0.1", port, timeout=1.0)
+    try:
+        assert await client.get() == b"body"
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert captured == [
+        f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: pointsman-collector\r\n"
+        "Accept: text/plain\r\n\r\n".encode()
+    ]

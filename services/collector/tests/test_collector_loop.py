@@ -1,0 +1,232 @@
+"""The collector's loops with fake scrapers and a sink in memory; real HTTP and Redis: test_collector_e2e."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pointsman_collector.errors import ScrapeTimeout
+from pointsman_collector.loop import Collector
+from pointsman_collector.normalize import HealthPolicy
+from pointsman_shared.model_server import PageMetrics
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+
+INTERVAL = 0.01
+
+
+def page(waiting: int = 1, lora_error: str | None = None) -> PageMetrics:
+    return PageMetrics(waiting=waiting, running=0, kv_cache_usage=0.1, lora=None, lora_error=lora_error)
+
+
+class FakeScraper:
+    """Answers with ``result`` (a page, or an exception to raise); hangs while ``hang`` is set."""
+
+    def __init__(self) -> None:
+        self.result: PageMetrics | BaseException = page()
+        self.hang = False
+        self.calls = 0
+        self.closed = False
+
+    async def scrape(self) -> PageMetrics:
+        self.calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(3.0):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_764_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    def __init__(self, sink, **options: object) -> None:  # type: ignore[no-untyped-def]
+        self.sink = sink
+        self.scrapers: dict[str, FakeScraper] = {}
+        self.kind: type[FakeScraper] = FakeScraper  # what the scraper factory makes
+        self.registry = CollectorRegistry()
+        self.clock = Clock()
+        settings: dict[str, object] = {
+            "interval": INTERVAL,
+            "first_round_timeout": 0.5,
+            "publish_every": 0.1,
+            "policy": HealthPolicy(max_failures=3, staleness=2.0),
+            "clock": self.clock,
+            "rng": random.Random(1),
+            **options,
+        }
+        self.collector = Collector(
+            pool="p", scraper_factory=self.scraper, sink=sink, registry=self.registry, **settings
+        )  # type: ignore[arg-type]
+
+    def scraper(self, address: str) -> FakeScraper:
+        return self.scrapers.setdefault(address, self.kind())
+
+    def errors(self, reason: str, kind: str = "scrape") -> float:
+        value = self.registry.get_sample_value(f"pointsman_collector_{kind}_errors_total", {"reason": reason})
+        return value or 0.0
+
+    async def published(self, predicate: Callable[[dict[str, PodSnapshot]], bool]) -> PoolSnapshot:
+        return await self.sink.wait_for(lambda pool: predicate({p.address: p for p in pool.pods}))
+
+
+@pytest.fixture
+async def harness(memory_sink) -> AsyncIterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(**options: object) -> Harness:
+        made.append(Harness(memory_sink, **options))
+        return made[-1]
+
+    yield make
+    for h in made:
+        await h.collector.stop()
+
+
+async def test_the_first_publish_waits_for_every_pod(harness) -> None:
+    h = harness()
+    h.scraper("b").result = ScrapeTimeout("slow")
+    h.collector.start(["a", "b"])
+    first = await h.published(lambda pods: True)
+    pods = {p.address: p for p in first.pods}
+    assert (pods["a"].healthy, pods["a"].waiting) == (True, 1)
+    assert (pods["b"].healthy, pods["b"].reason) == (False, "timeout")
+    assert first.pool == "p"
+    assert first.published_at == h.clock.now
+    assert h.collector.published is not None
+    assert h.collector.published.version == 1
+    assert h.collector.readiness() is None
+
+
+async def test_a_hung_pod_delays_neither_the_others_nor_the_first_publish(harness) -> None:
+    h = harness(first_round_timeout=0.1)
+    h.scraper("slow").hang = True
+    h.collector.start(["slow", "fast"])
+    first = await h.published(lambda pods: True)
+    assert {p.address: p.reason for p in first.pods} == {"fast": "", "slow": "pending"}
+    await asyncio.sleep(0.1)
+    assert h.scrapers["slow"].calls == 1
+    assert h.scrapers["fast"].calls >= 5
+
+
+async def test_three_failures_make_a_pod_unhealthy_and_one_good_scrape_heals_it(harness) -> None:
+    h = harness()
+    h.collector.start(["a"])
+    await h.published(lambda pods: pods["a"].healthy)
+    h.scrapers["a"].result = ScrapeTimeout("slow")
+    await h.published(lambda pods: pods["a"].reason == "timeout")
+    assert h.errors("timeout") >= 3
+    h.scrapers["a"].result = page(waiting=7)
+    healed = await h.published(lambda pods: pods["a"].healthy)
+    assert healed.pods[0].waiting == 7
+
+
+async def test_a_pod_with_no_good_scrape_within_the_staleness_window_is_published_stale(harness) -> None:
+    h = harness()
+    h.collector.start(["a"])
+    await h.published(lambda pods: pods["a"].healthy)
+    h.scrapers["a"].hang = True
+    h.clock.now += 2.5
+    await h.published(lambda pods: pods["a"].reason == "stale")
+
+
+async def test_unexpected_errors_and_lora_errors_are_counted_and_the_loop_goes_on(harness, caplog) -> None:
+    h = harness()
+    h.scraper("a").result = RuntimeError("bug")
+    h.collector.start(["a"])
+    await h.published(lambda pods: pods["a"].reason == "internal")
+    await eventually(lambda: h.errors("internal") >= 5)
+    logged = [r for r in caplog.records if "scrape failed" in r.getMessage()]
+    assert len(logged) == 1  # one line (with the traceback) per streak, not one per scrape
+    assert logged[0].exc_info is not None
+    h.scrapers["a"].result = page(lora_error="max_lora")
+    await h.published(lambda pods: pods["a"].healthy)
+    assert h.errors("internal") >= 1
+    assert h.errors("max_lora") >= 1
+
+
+async def test_publish_failures_are_counted_retried_and_shown_in_readiness(harness, memory_sink) -> None:
+    memory_sink.fail = "connection"
+    h = harness()
+    h.collector.start(["a"])
+    await eventually(lambda: h.errors("connection", kind="publish") >= 2)
+    assert h.collector.readiness() == "cannot publish to redis (connection)"
+    memory_sink.fail = None
+    await h.published(lambda pods: True)
+    assert h.collector.readiness() is None
+
+
+async def test_publishes_on_change_at_most_once_per_interval_and_otherwise_every_heartbeat(harness) -> None:
+    h = harness(publish_every=0.1)
+    h.collector.start(["a", "b", "c"])
+    await h.published(lambda pods: True)
+    start = len(h.sink.published)
+    await asyncio.sleep(0.5)
+    idle = len(h.sink.published) - start
+    assert 2 <= idle <= 7  # nothing changes: only the heartbeat
+
+    counter = iter(range(1_000_000))
+
+    class Changing(FakeScraper):
+        async def scrape(self) -> PageMetrics:
+            await super().scrape()
+            return page(waiting=next(counter))
+
+    h.collector.set_targets([])
+    h.scrapers.clear()
+    h.kind = Changing
+    h.collector.set_targets(["a", "b", "c"])
+    start = len(h.sink.published)
+    await asyncio.sleep(0.5)
+    busy = len(h.sink.published) - start
+    scrapes = sum(s.calls for s in h.scrapers.values())
+    assert busy > idle
+    assert busy <= 0.5 / INTERVAL + 2 < scrapes
+
+
+async def test_pods_that_leave_are_dropped_and_their_connections_closed(harness) -> None:
+    h = harness()
+    h.collector.start(["a", "b"])
+    await h.published(lambda pods: len(pods) == 2)
+    h.collector.set_targets(["b", "c"])
+    await h.published(lambda pods: set(pods) == {"b", "c"} and pods["c"].healthy)
+    await asyncio.sleep(0)
+    assert h.scrapers["a"].closed
+    assert not h.scrapers["b"].closed
+
+
+async def test_stop_closes_every_scraper_and_reports_not_ready(harness) -> None:
+    h = harness()
+    h.collector.start(["a", "b"])
+    await h.published(lambda pods: True)
+    h.scrapers["b"].hang = True
+    await h.collector.stop()
+    assert all(s.closed for s in h.scrapers.values())
+    assert h.collector.readiness() == "shutting down"
+
+
+async def test_an_empty_pool_is_published_at_once(harness) -> None:
+    h = harness(first_round_timeout=5.0)
+    h.collector.start([])
+    first = await h.published(lambda pods: True)
+    assert first.pods == ()

@@ -1,0 +1,89 @@
+"""metrics.py: the collector's own series, and the per-pod and pool gauges."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from pointsman_collector.errors import PUBLISH_REASONS, SCRAPE_REASONS
+from pointsman_collector.metrics import CollectorMetrics
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+
+
+def pod(address: str, **fields: object) -> PodSnapshot:
+    return PodSnapshot(address=address, **fields)  # type: ignore[arg-type]
+
+
+def pool(*pods: PodSnapshot) -> PoolSnapshot:
+    return PoolSnapshot(pool="p", version=3, published_at=1.0, pods=pods)
+
+
+class Source:
+    def __init__(self) -> None:
+        self.snapshot: PoolSnapshot | None = None
+
+    def __call__(self) -> PoolSnapshot | None:
+        return self.snapshot
+
+
+@pytest.fixture
+def setup() -> tuple[CollectorRegistry, CollectorMetrics, Source]:
+    registry = CollectorRegistry()
+    source = Source()
+    return registry, CollectorMetrics(registry, pool="p", snapshot=source), source
+
+
+def value(registry: CollectorRegistry, metric: str, **labels: str) -> float | None:
+    return registry.get_sample_value(metric, labels)
+
+
+def test_error_counters_start_at_zero_for_every_reason(setup) -> None:
+    registry, _, _ = setup
+    for reason in SCRAPE_REASONS:
+        assert value(registry, "pointsman_collector_scrape_errors_total", reason=reason) == 0
+    for reason in PUBLISH_REASONS:
+        assert value(registry, "pointsman_collector_publish_errors_total", reason=reason) == 0
+
+
+def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
+    registry, _, source = setup
+    assert value(registry, "inference_pool_ready_pods", name="p") == 0
+    assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") is None
+    source.snapshot = pool(
+        pod("a:1", waiting=4, running=2, kv_cache_usage=0.5, running_adapters=frozenset({"x", "y"})),
+        pod("b:1", waiting=2, kv_cache_usage=0.25, waiting_adapters=frozenset({"x"})),
+        pod("c:1", waiting=100, kv_cache_usage=1.0, healthy=False, reason="timeout"),
+    )
+    a = {"pool": "p", "pod": "a:1"}
+    assert value(registry, "pointsman_pod_waiting_requests", **a) == 4
+    assert value(registry, "pointsman_pod_running_requests", **a) == 2
+    assert value(registry, "pointsman_pod_kv_cache_usage", **a) == 0.5
+    assert value(registry, "pointsman_pod_active_adapters", **a) == 2
+    assert value(registry, "pointsman_pod_healthy", **a) == 1
+    assert value(registry, "pointsman_pod_healthy", pool="p", pod="c:1") == 0
+    # Averages over the ready pods only: the unhealthy pod's numbers are not current.
+    assert value(registry, "inference_pool_ready_pods", name="p") == 2
+    assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") == pytest.approx(0.375)
+    assert value(registry, "inference_pool_average_queue_size", name="p") == 3
+
+
+def test_a_pod_that_left_leaves_no_series(setup) -> None:
+    registry, _, source = setup
+    source.snapshot = pool(pod("a:1"), pod("b:1"))
+    assert b'pod="b:1"' in generate_latest(registry)
+    source.snapshot = pool(pod("a:1"))
+    page = generate_latest(registry)
+    assert b'pod="b:1"' not in page
+    assert b'pod="a:1"' in page
+
+
+def test_collector_series_are_exposed(setup) -> None:
+    registry, metrics, _ = setup
+    metrics.scrape_duration.observe(0.002)
+    metrics.scrape_errors.labels("timeout").inc()
+    metrics.publish_duration.observe(0.0003)
+    metrics.snapshot_version.set(42)
+    assert value(registry, "pointsman_collector_scrape_duration_seconds_count") == 1
+    assert value(registry, "pointsman_collector_scrape_errors_total", reason="timeout") == 1
+    assert value(registry, "pointsman_collector_publish_duration_seconds_count") == 1
+    assert value(registry, "pointsman_collector_snapshot_version") == 42

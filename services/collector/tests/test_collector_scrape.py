@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from pointsman_collector.errors import PageError, ScrapeError
+from pointsman_collector.scrape import PodScraper, parse_page
+from pointsman_shared.model_server import PRESETS
+
+VLLM = PRESETS["vllm"]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"vllm:num_requests_waiting{a=} 1\n", "parse"),
+        (b"vllm:num_requests_waiting 1\n\xff\xfe", "parse"),
+        (b"vllm:num_requests_waiting -1\n", "value"),
+        (b"", "no_metrics"),
+        (b"sglang:num_queue_reqs 3\n", "no_metrics"),
+        (b"# HELP vllm:num_requests_waiting x\nprocess_cpu_seconds_total 1\n", "no_metrics"),
+    ],
+    ids=["bad labels", "not utf-8", "negative", "empty", "other server's names", "help text only"],
+)
+def test_unusable_pages(body: bytes, reason: str) -> None:
+    with pytest.raises(PageError) as excinfo:
+        parse_page(body, VLLM)
+    assert excinfo.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"vllm:num_requests_running 2\n",
+        b'vllm:lora_requests_info{max_lora="1",running_lora_adapters="a",waiting_lora_adapters=""} 1\n',
+    ],
+    ids=["one family", "lora only"],
+)
+def test_a_page_with_any_family_counts(body: bytes) -> None:
+    parse_page(body, VLLM)
+
+
+async def test_scrapes_a_fixture_page_over_http(pod_server, fixture_page) -> None:
+    server = await pod_server(fixture_page("vllm-v0-lora"), chunk_size=4096)
+    scraper = PodScraper(server.address, VLLM, timeout=1.0)
+    try:
+        page = await scraper.scrape()
+        assert (page.waiting, page.running, page.kv_cache_usage) == (3, 10, pytest.approx(0.42))
+        assert page.lora is not None
+        assert page.lora.running == {"tweet-summary-1", "sql-lora"}
+        server.serve("", status=503)
+        with pytest.raises(ScrapeError) as excinfo:
+            await scraper.scrape()
+        assert excinfo.value.reason == "http_status"
+    finally:
+        await scraper.aclose()
