@@ -36,7 +36,7 @@ fmt: install ## format and autofix
 	$(BIN)/ruff check --fix .
 
 test-unit: install ## unit tests of every package
-	$(BIN)/pytest -q shared/tests services/collector/tests services/picker/tests services/simulator/tests
+	$(BIN)/pytest -q --ignore=tests/integration
 
 test-integration: install ## integration tests through real Redis, simulator pods, collector, picker and Envoy
 	$(BIN)/pytest -q tests/integration

