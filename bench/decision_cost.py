@@ -1,0 +1,231 @@
+"""What one routing decision costs, measured in-process.
+
+- the pure schedule (the #423 filter tree + the final pick) over 3 and 512 pods;
+- the director (parse the body, resolve the model, rewrite the body, pick) without gRPC;
+- a full ext_proc stream (request headers + body -> two responses) through the real grpc.aio server on
+  loopback, one stream at a time and 16 at a time, with the client in the same process;
+- the server's CPU per stream, with the client in another process (16 streams at a time).
+
+Prints the numbers and writes bench/results/decision_cost.json. Takes about 25 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+# The benchmark starts its client process while gRPC threads run; gRPC's fork handlers only log about it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from prometheus_client import CollectorRegistry
+
+from pointsman_picker.director import Director
+from pointsman_picker.metrics import PickerMetrics
+from pointsman_picker.scheduling import Scheduler, SchedulingRequest
+from pointsman_picker.server import create_app
+from pointsman_picker.snapshots import StaticSnapshotSource
+from pointsman_shared.config import PointsmanConfig, SchedulingConfig, parse_config
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+
+T = TypeVar("T")
+RESULTS = Path(__file__).parent / "results" / "decision_cost.json"
+NOW = time.time()
+ADAPTERS = [f"adapter-{i}" for i in range(8)]
+PROMPT = "Summarize the following text. " * 30  # a ~1 KB body, typical of a short completion
+BODY = json.dumps({"model": "my-model", "prompt": PROMPT, "max_tokens": 100, "temperature": 0}).encode()
+
+
+def make_pods(n: int, rng: random.Random) -> tuple[PodSnapshot, ...]:
+    return tuple(
+        PodSnapshot(
+            address=f"10.0.{i // 250}.{i % 250 + 1}:8000",
+            waiting=rng.randrange(0, 12),
+            running=rng.randrange(0, 64),
+            kv_cache_usage=rng.random() * 0.9,
+            max_lora=4,
+            running_adapters=frozenset(rng.sample(ADAPTERS, rng.randrange(0, 4))),
+            updated_at=NOW,
+        )
+        for i in range(n)
+    )
+
+
+def config() -> PointsmanConfig:
+    cfg = parse_config(
+        {
+            "pool": {"name": "bench"},
+            "models": [
+                {"modelName": "my-model", "criticality": "Critical", "targetModels": [{"name": "adapter-1"}]}
+            ],
+        }
+    )
+    picker = cfg.picker.model_copy(
+        update={"listen": "127.0.0.1:0", "health_listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0"}
+    )
+    return cfg.model_copy(update={"picker": picker})
+
+
+def per_call_us(fn: Callable[[], object], *, budget: float = 0.6) -> float:
+    """Median over 5 batches of the mean µs per call; each batch runs for about budget / 5 seconds."""
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 0.05:
+        fn()
+        n += 1
+    batch = max(1, int(n * (budget / 5) / 0.05))
+    means = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        means.append((time.perf_counter() - start) / batch * 1e6)
+    return statistics.median(means)
+
+
+def bench_schedule() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n in (3, 512):
+        pods = make_pods(n, random.Random(n))
+        scheduler = Scheduler(SchedulingConfig(), random.Random(1))
+        for name, request in (
+            ("critical", SchedulingRequest("adapter-1", critical=True)),
+            ("sheddable", SchedulingRequest("adapter-1", critical=False)),
+        ):
+            out[f"schedule_{name}_{n}_pods_us"] = per_call_us(
+                lambda s=scheduler, r=request, p=pods: s.schedule(r, p)
+            )
+    return out
+
+
+def bench_director() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n in (3, 512):
+        source = StaticSnapshotSource(PoolSnapshot("bench", 1, NOW, make_pods(n, random.Random(n))))
+        director = Director(config(), source, PickerMetrics(CollectorRegistry()), rng=random.Random(1))
+        out[f"director_route_{n}_pods_us"] = per_call_us(lambda d=director: d.route(BODY))
+    return out
+
+
+def messages() -> list[pb.ProcessingRequest]:
+    header_map = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=k, raw_value=v.encode())
+            for k, v in ((":method", "POST"), (":path", "/v1/completions"), ("x-request-id", "bench"))
+        ]
+    )
+    return [
+        pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map)),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True)),
+    ]
+
+
+async def run_streams(stub: pb_grpc.ExternalProcessorStub, total: int, concurrency: int) -> list[float]:
+    """Run ``total`` streams, ``concurrency`` at a time; the µs each took."""
+    request = messages()
+    timings: list[float] = []
+
+    async def client() -> None:
+        for _ in range(total // concurrency):
+            start = time.perf_counter()
+            answers = [answer async for answer in stub.Process(iter(request))]
+            timings.append((time.perf_counter() - start) * 1e6)
+            assert answers[1].WhichOneof("response") == "request_body", answers[1]
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return timings
+
+
+async def bench_streams(pods: int) -> dict[str, float]:
+    source = StaticSnapshotSource(PoolSnapshot("bench", 1, NOW, make_pods(pods, random.Random(pods))))
+    app = create_app(config(), source=source, registry=CollectorRegistry(), rng=random.Random(1))
+    await app.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
+    stub = pb_grpc.ExternalProcessorStub(channel)
+    try:
+        await run_streams(stub, 200, 1)  # warm up
+        timings = sorted(await run_streams(stub, 2000, 1))
+        start = time.perf_counter()
+        await run_streams(stub, 4000, 16)
+        elapsed = time.perf_counter() - start
+        # The same load from another process: what the server alone spends per stream.
+        total = 4000
+        cpu = time.process_time()
+        start = time.perf_counter()
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--client", str(app.port), str(total), "16"
+        )
+        if await child.wait() != 0:
+            raise RuntimeError("the client process failed")
+        external = time.perf_counter() - start
+        server_cpu = time.process_time() - cpu
+    finally:
+        await channel.close()
+        await app.stop(0)
+    key = f"{pods}_pods"
+    return {
+        f"stream_sequential_{key}_mean_us": statistics.fmean(timings),
+        f"stream_sequential_{key}_p50_us": timings[len(timings) // 2],
+        f"stream_sequential_{key}_p99_us": timings[int(len(timings) * 0.99)],
+        f"stream_concurrent16_{key}_per_s": 4000 / elapsed,
+        f"stream_other_process_client16_{key}_per_s": total / external,
+        f"stream_other_process_client16_{key}_server_cpu_us": server_cpu / total * 1e6,
+    }
+
+
+async def bench_all_streams() -> dict[str, float]:
+    return {**await bench_streams(3), **await bench_streams(512)}
+
+
+async def client_process(port: int, total: int, concurrency: int) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await run_streams(pb_grpc.ExternalProcessorStub(channel), total, concurrency)
+
+
+def run(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> tuple[T, str]:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro_factory()), "asyncio"
+    return uvloop.run(coro_factory()), "uvloop"
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--client"]:
+        port, total, concurrency = map(int, sys.argv[2:5])
+        run(lambda: client_process(port, total, concurrency))
+        return 0
+    streams, loop = run(bench_all_streams)
+    numbers = {**bench_schedule(), **bench_director(), **streams}
+    result = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "event_loop": loop,
+        "grpcio": grpc.__version__,
+        "body_bytes": len(BODY),
+        "numbers": {k: round(v, 1) for k, v in numbers.items()},
+    }
+    for name, value in result["numbers"].items():
+        print(f"{name:48s} {value:>12,.1f}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(RESULTS)
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

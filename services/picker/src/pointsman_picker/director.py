@@ -1,0 +1,90 @@
+"""From a complete request to a destination: resolve the model, rewrite the body, pick a pod.
+
+No gRPC here: the ext_proc stream calls :meth:`Director.route` once per request and turns the result
+(or the :class:`~pointsman_picker.errors.PickerError` it raises) into Envoy responses.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pointsman_picker import errors
+from pointsman_picker.extproc.request import parse_body, with_model
+from pointsman_picker.metrics import PickerMetrics
+from pointsman_picker.resolution import ModelCatalog
+from pointsman_picker.scheduling import NoCapacity, Pods, Scheduler, SchedulingRequest
+from pointsman_picker.snapshots import SnapshotSource
+from pointsman_shared.config import FailureMode, PointsmanConfig
+from pointsman_shared.snapshot import PoolSnapshot, is_fresh
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    endpoint: str  # "ip:port"
+    body: bytes | None  # what to forward; None for a request without a body
+    rewritten: bool
+    model: str = ""
+    target: str = ""
+
+
+def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pods, bool]:
+    """The fresh healthy pods; all pods (and ``True``, "stale") when there is none."""
+    fresh = tuple(pod for pod in snapshot.pods if pod.healthy and is_fresh(pod, now, max_age))
+    return (fresh, False) if fresh else (snapshot.pods, True)
+
+
+class Director:
+    def __init__(
+        self,
+        config: PointsmanConfig,
+        source: SnapshotSource,
+        metrics: PickerMetrics,
+        *,
+        rng: random.Random,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._catalog = ModelCatalog(config.models)
+        self._scheduler = Scheduler(config.scheduling, rng)
+        self._source = source
+        self._metrics = metrics
+        self._rng = rng
+        self._clock = clock
+        self._max_staleness = config.picker.max_staleness
+        self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
+        self._endpoints = config.pool.endpoints
+
+    def route(self, body: bytes | None) -> Routing:
+        """Route a request; ``body`` is ``None`` when the request has none (routed without a model)."""
+        if body is None:
+            endpoint, result = self._pick(SchedulingRequest(target_model=None, critical=False), "", "")
+            self._metrics.routed("", "", result)
+            return Routing(endpoint, None, rewritten=False)
+        parsed = parse_body(body)
+        resolution = self._catalog.resolve(parsed.model, self._rng)
+        if resolution is None:
+            # No model label: the name is client input, and metric labels must stay bounded.
+            raise errors.UnknownModel(f"no InferenceModel for model {parsed.model[:200]!r}")
+        final = with_model(parsed, resolution.target)
+        request = SchedulingRequest(target_model=resolution.target, critical=resolution.critical)
+        endpoint, result = self._pick(request, resolution.model, resolution.target)
+        self._metrics.routed(resolution.model, resolution.target, result)
+        return Routing(endpoint, final, final is not body, resolution.model, resolution.target)
+
+    def _pick(self, request: SchedulingRequest, model: str, target: str) -> tuple[str, str]:
+        """The endpoint and the decision's ``result`` label."""
+        snapshot = self._source.current()
+        pods, stale = usable_pods(snapshot, self._clock(), self._max_staleness) if snapshot else ((), True)
+        if not pods:
+            if self._fail_open and self._endpoints:
+                return self._endpoints[self._rng.randrange(len(self._endpoints))], "fail_open"
+            why = "no pool snapshot" if snapshot is None else "the pool has no pods"
+            raise errors.NoEndpoints(why, model=model, target=target)
+        start = time.perf_counter()
+        outcome = self._scheduler.schedule(request, pods)
+        self._metrics.scheduler_duration.observe(time.perf_counter() - start)
+        if isinstance(outcome, NoCapacity):
+            raise errors.NoCapacity(outcome.reason, model=model, target=target)
+        return outcome.address, "picked_stale" if stale else "picked"

@@ -1,0 +1,74 @@
+"""The picker's errors and the one function that turns them into an Envoy ImmediateResponse.
+
+Each error carries the HTTP status Envoy answers with, upstream's canonical error code (the
+``error_code`` label of ``inference_model_request_error_total``) and the ``result`` label of
+``pointsman_picker_decisions_total``.
+
+    PickerError
+    ├── BadRequest      400  body not JSON, ``model`` missing or not a string
+    ├── UnknownModel    404  no InferenceModel for ``model``
+    ├── BodyTooLarge    413  body over ``picker.maxBodyBytes``
+    ├── NoCapacity      429  the scheduler dropped a sheddable request
+    ├── NoEndpoints     503  no pod, or no snapshot under FailClose
+    └── Internal        500  anything else
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from pointsman_picker.extproc import responses
+
+
+class PickerError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "Internal"
+    result: ClassVar[str] = "internal"
+
+    def __init__(self, message: str, *, model: str = "", target: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.model = model
+        self.target = target
+
+
+class BadRequest(PickerError):
+    status = 400
+    code = "BadRequest"
+    result = "bad_request"
+
+
+class UnknownModel(PickerError):
+    status = 404
+    code = "BadConfiguration"
+    result = "unknown_model"
+
+
+class BodyTooLarge(PickerError):
+    status = 413
+    code = "RequestTooLarge"
+    result = "body_too_large"
+
+
+class NoCapacity(PickerError):
+    status = 429
+    code = "InferencePoolResourceExhausted"
+    result = "no_capacity"
+
+
+class NoEndpoints(PickerError):
+    status = 503
+    code = "ServiceUnavailable"
+    result = "no_endpoints"
+
+
+class Internal(PickerError):
+    pass
+
+
+def error_response(error: PickerError) -> pb.ProcessingResponse:
+    body = orjson.dumps({"error": {"code": error.status, "message": error.message}})
+    return responses.immediate(error.status, body, details=f"pointsman_{error.result}")

@@ -1,0 +1,37 @@
+"""The thin grpc.aio ext_proc servicer: one :class:`RequestStream` per gRPC stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from pointsman_picker.extproc.stream import ErrorSink, Phase, RequestStream, Route, StreamSettings
+
+
+class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, route: Route, settings: StreamSettings, *, on_error: ErrorSink) -> None:
+        self._route = route
+        self._settings = settings
+        self._on_error = on_error
+        self.open_streams = 0
+        self.unfinished_streams = 0
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = RequestStream(self._route, self._settings, on_error=self._on_error)
+        self.open_streams += 1
+        try:
+            async for message in request_iterator:
+                for response in stream.handle(message):
+                    yield response
+        finally:
+            self.open_streams -= 1
+            # A stream that ends while a request body is still due was cut short: Envoy reset it, or
+            # shutdown's grace ran out (grpc.aio then ends the request iterator like a half-close).
+            if stream.phase is Phase.BODY or context.cancelled():
+                self.unfinished_streams += 1
+                stream.log.debug("stream ended before the request was complete")

@@ -1,0 +1,165 @@
+"""Assemble the picker from a config and run it: ext_proc + health on ``picker.listen``, health alone on
+``picker.healthListen``, Prometheus on ``picker.metricsListen``.
+
+Shutdown is ordered and bounded: health NOT_SERVING, stop accepting, let open streams finish within the
+grace period, cancel the rest, then stop the metrics server and the snapshot source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+from collections.abc import Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2, external_processor_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
+from pointsman_picker.director import Director
+from pointsman_picker.errors import PickerError
+from pointsman_picker.extproc.servicer import ExtProcServicer
+from pointsman_picker.extproc.stream import StreamSettings
+from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotCollector
+from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotSource
+from pointsman_shared.config import PointsmanConfig
+from pointsman_shared.keys import RedisKeys
+
+log = logging.getLogger(__name__)
+
+EXT_PROC_SERVICE = external_processor_pb2.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+HEALTH_SERVICES = ("", EXT_PROC_SERVICE)
+DEFAULT_GRACE = 5.0
+# Without this, gRPC sets SO_REUSEPORT and a second picker could silently share the port.
+_SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+
+
+def split_listen(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` (port 0 allowed, for tests)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class PickerApp:
+    def __init__(
+        self,
+        config: PointsmanConfig,
+        *,
+        source: SnapshotSource,
+        registry: CollectorRegistry,
+        rng: random.Random,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.registry = registry
+        self.metrics = PickerMetrics(registry)
+        registry.register(SnapshotCollector(source, config.pool.name, clock))
+        self.director = Director(config, source, self.metrics, rng=rng, clock=clock)
+        picker = config.picker
+        self.servicer = ExtProcServicer(
+            self.director.route,
+            StreamSettings(picker.max_body_bytes, picker.destination_header, picker.metadata_namespace),
+            on_error=self._record_error,
+        )
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.health_port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self._metrics_server: MetricsServer | None = None
+        self._ready_task: asyncio.Task[None] | None = None
+
+    def _record_error(self, error: PickerError) -> None:
+        self.metrics.failed(error.model, error.target, error.code, error.result)
+
+    async def start(self) -> None:
+        picker = self.config.picker
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.source.start()
+
+        self._server = grpc.aio.server(options=_SERVER_OPTIONS)
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = self._server.add_insecure_port(picker.listen)
+        self._health_server = grpc.aio.server(options=_SERVER_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        self.health_port = self._health_server.add_insecure_port(picker.health_listen)
+        await self._server.start()
+        await self._health_server.start()
+
+        self._metrics_server = MetricsServer(self.registry)
+        await self._metrics_server.start(*split_listen(picker.metrics_listen))
+        self.metrics_port = self._metrics_server.port
+        self._ready_task = asyncio.create_task(self._serve_when_ready(), name="health-ready")
+        log.info(
+            "picker for pool %s: ext_proc on port %d, health on %d, metrics on %d",
+            self.config.pool.name,
+            self.port,
+            self.health_port,
+            self.metrics_port,
+        )
+
+    async def _serve_when_ready(self) -> None:
+        await self.source.wait_ready()
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("first snapshot arrived: SERVING")
+
+    async def stop(self, grace: float = DEFAULT_GRACE) -> None:
+        await self.health.enter_graceful_shutdown()
+        if self._ready_task is not None:
+            self._ready_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ready_task
+        if self._server is not None:
+            log.info("stopping: %d open streams, grace %.1fs", self.servicer.open_streams, grace)
+            await self._server.stop(grace)
+            log.info("ext_proc server stopped (%d streams cut short)", self.servicer.unfinished_streams)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
+        await self.source.aclose()
+
+
+def create_app(
+    config: PointsmanConfig,
+    *,
+    source: SnapshotSource | None = None,
+    registry: CollectorRegistry | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PickerApp:
+    return PickerApp(
+        config,
+        source=source or RedisSnapshotSource(config.redis.url, RedisKeys(config.pool.name)),
+        registry=registry if registry is not None else CollectorRegistry(),
+        rng=rng or random.Random(),
+        clock=clock,
+    )
+
+
+async def serve(config: PointsmanConfig, *, grace: float = DEFAULT_GRACE) -> int:
+    """Run until SIGINT or SIGTERM; the exit status."""
+    app = create_app(config)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await app.start()
+    except (RuntimeError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        await app.stop(0)
+        return 1
+    await stopping.wait()
+    log.info("signal received, shutting down")
+    await app.stop(grace)
+    return 0

@@ -1,0 +1,212 @@
+"""Where the picker gets the pool's state: an in-memory copy of the newest snapshot.
+
+Requests only ever read the in-memory copy (:meth:`SnapshotSource.current`); refreshing it is a
+background job. :class:`RedisSnapshotSource` re-reads the snapshot hash when the collector announces a
+new version on the pool's channel, and polls it as a safety net. When Redis is unreachable it keeps the
+last copy and retries with backoff. When the hash is gone (it expires when the collector dies), there is
+no snapshot: ``pool.failureMode`` decides (see the director).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from pointsman_shared.codec import CodecError, decode_pool
+from pointsman_shared.keys import RedisKeys
+from pointsman_shared.snapshot import PoolSnapshot
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotSource(Protocol):
+    def current(self) -> PoolSnapshot | None:
+        """The newest snapshot known, without I/O."""
+
+    async def wait_ready(self) -> None:
+        """Return once a first snapshot has arrived."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class StaticSnapshotSource:
+    """A snapshot held in memory and replaced by hand: for tests and benchmarks."""
+
+    def __init__(self, snapshot: PoolSnapshot | None = None) -> None:
+        self._snapshot: PoolSnapshot | None = None
+        self._ready = asyncio.Event()
+        self.set(snapshot)
+
+    def set(self, snapshot: PoolSnapshot | None) -> None:
+        self._snapshot = snapshot
+        if snapshot is not None:
+            self._ready.set()
+
+    def current(self) -> PoolSnapshot | None:
+        return self._snapshot
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff between failed attempts: ``initial * factor**(attempt - 1)``, capped."""
+
+    initial: float = 0.1
+    factor: float = 2.0
+    maximum: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
+
+
+class RedisSnapshotSource:
+    def __init__(
+        self,
+        url: str,
+        keys: RedisKeys,
+        *,
+        poll_interval: float = 0.5,
+        backoff: Backoff | None = None,
+        io_timeout: float = 1.0,
+    ) -> None:
+        self._url = url
+        self._keys = keys
+        self._poll_interval = poll_interval
+        self._backoff = backoff or Backoff()
+        self._io_timeout = io_timeout
+        self._snapshot: PoolSnapshot | None = None
+        self._ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._client: aioredis.Redis | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._bad_version: int | None = None
+
+    def current(self) -> PoolSnapshot | None:
+        return self._snapshot
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    async def start(self) -> None:
+        # No retries inside the client: the loops below own retrying, with their own backoff.
+        # socket_timeout stays None: when set, redis-py wraps writes in asyncio.wait_for, which on
+        # Python 3.11 can swallow a task's cancellation (gh-86296) and hang shutdown. Reads are bounded
+        # with asyncio.timeout in refresh() instead.
+        self._client = aioredis.Redis.from_url(
+            self._url,
+            socket_timeout=None,
+            socket_connect_timeout=self._io_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._tasks = [
+            asyncio.create_task(self._poll_loop(), name="snapshot-poll"),
+            asyncio.create_task(self._subscribe_loop(), name="snapshot-subscribe"),
+        ]
+
+    async def aclose(self) -> None:
+        pending = set(self._tasks)
+        for _ in range(3):  # a cancellation lost inside a library call gets repeated
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+        if pending:
+            log.warning("%d snapshot tasks did not stop", len(pending))
+        self._tasks = []
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def refresh(self) -> None:
+        """Read the snapshot hash once and swap the in-memory copy if the version changed."""
+        assert self._client is not None, "start() first"
+        async with asyncio.timeout(self._io_timeout):
+            version_raw, data = await self._client.hmget(self._keys.snapshot, ["version", "data"])
+        if version_raw is None or data is None:
+            if self._snapshot is not None:
+                log.warning("snapshot %s is gone (collector down?): no snapshot now", self._keys.snapshot)
+            self._snapshot = None
+            return
+        try:
+            version = int(version_raw)
+        except ValueError:
+            self._reject(-1, f"version {version_raw!r} is not an integer")
+            return
+        if self._snapshot is not None and self._snapshot.version == version:
+            return
+        try:
+            snapshot = decode_pool(data if isinstance(data, bytes) else data.encode(), version)
+        except CodecError as exc:
+            self._reject(version, str(exc))
+            return
+        if self._snapshot is None:
+            log.info("snapshot version %d: %d pods", version, len(snapshot.pods))
+        self._snapshot = snapshot
+        self._ready.set()
+
+    def _reject(self, version: int, why: str) -> None:
+        if self._bad_version != version:  # once per bad version, not once per poll
+            log.error("ignoring snapshot %s version %d: %s", self._keys.snapshot, version, why)
+            self._bad_version = version
+
+    async def _poll_loop(self) -> None:
+        failures = 0
+        while True:
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except (RedisError, OSError, TimeoutError) as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("cannot read the snapshot from Redis (keeping the last copy): %s", exc)
+                wait = self._backoff.delay(failures)
+            else:
+                if failures:
+                    log.info("snapshot reads from Redis work again after %d failures", failures)
+                failures = 0
+                wait = self._poll_interval
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation (gh-86296).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+
+    async def _subscribe_loop(self) -> None:
+        assert self._client is not None
+        failures = 0
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._keys.channel)
+                self._wake.set()  # publishes may have been missed while unsubscribed
+                failures = 0
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    if message is not None:
+                        self._wake.set()
+            except (RedisError, OSError) as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("snapshot subscription lost (polling continues): %s", exc)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(self._backoff.delay(failures))

@@ -1,0 +1,115 @@
+"""Tiny builders for the picker's tests: pods, snapshots, configs and ext_proc messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from pointsman_shared.config import PointsmanConfig, parse_config
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+
+NOW = 1_700_000_000.0
+
+
+def pod(
+    waiting: int = 0,
+    kv: float = 0.0,
+    max_lora: int = 0,
+    adapters: Iterable[str] = (),
+    *,
+    address: str = "10.0.0.1:8000",
+    waiting_adapters: Iterable[str] = (),
+    updated_at: float = NOW,
+    healthy: bool = True,
+) -> PodSnapshot:
+    """``adapters`` are running adapters; active = running | waiting."""
+    return PodSnapshot(
+        address=address,
+        waiting=waiting,
+        kv_cache_usage=kv,
+        max_lora=max_lora,
+        running_adapters=frozenset(adapters),
+        waiting_adapters=frozenset(waiting_adapters),
+        updated_at=updated_at,
+        healthy=healthy,
+    )
+
+
+def pool_pods(*pods: PodSnapshot, subnet: str = "192.168.1", port: int = 8000) -> tuple[PodSnapshot, ...]:
+    """Give pod i the address ``subnet.(i+1):port``, as upstream's end-to-end tests do."""
+    return tuple(
+        PodSnapshot(
+            address=f"{subnet}.{i + 1}:{port}",
+            waiting=p.waiting,
+            running=p.running,
+            kv_cache_usage=p.kv_cache_usage,
+            max_lora=p.max_lora,
+            running_adapters=p.running_adapters,
+            waiting_adapters=p.waiting_adapters,
+            updated_at=p.updated_at,
+            healthy=p.healthy,
+        )
+        for i, p in enumerate(pods)
+    )
+
+
+def snapshot(*pods: PodSnapshot, version: int = 1, pool: str = "test-pool") -> PoolSnapshot:
+    return PoolSnapshot(pool=pool, version=version, published_at=NOW, pods=tuple(pods))
+
+
+# The InferenceModels of upstream's end-to-end tests (spec §5 cases 6-10), plus a model without targets.
+MODELS: list[dict[str, Any]] = [
+    {"modelName": "my-model", "criticality": "Critical", "targetModels": [{"name": "my-model-12345"}]},
+    {"modelName": "sql-lora", "criticality": "Critical", "targetModels": [{"name": "sql-lora-1fdg2"}]},
+    {
+        "modelName": "sql-lora-sheddable",
+        "criticality": "Sheddable",
+        "targetModels": [{"name": "sql-lora-1fdg3"}],
+    },
+    {"modelName": "plain", "criticality": "Critical"},
+]
+
+
+def config(**sections: Any) -> PointsmanConfig:
+    doc: dict[str, Any] = {"pool": {"name": "test-pool", "targetPort": 8000}, "models": MODELS}
+    doc.update(sections)
+    return parse_config(doc)
+
+
+def on_free_ports(cfg: PointsmanConfig, host: str = "127.0.0.1") -> PointsmanConfig:
+    """The same config listening on port 0 everywhere (the config itself refuses port 0)."""
+    picker = cfg.picker.model_copy(
+        update={"listen": f"{host}:0", "health_listen": f"{host}:0", "metrics_listen": f"{host}:0"}
+    )
+    return cfg.model_copy(update={"picker": picker})
+
+
+def headers(*pairs: tuple[str, str], end_of_stream: bool = False) -> pb.ProcessingRequest:
+    header_map = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=key, raw_value=value.encode()) for key, value in pairs]
+    )
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream)
+    )
+
+
+def post_headers(*extra: tuple[str, str]) -> pb.ProcessingRequest:
+    return headers((":method", "POST"), (":path", "/v1/completions"), *extra)
+
+
+def body(data: bytes, *, end_of_stream: bool = True) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=end_of_stream))
+
+
+def set_headers(response: pb.ProcessingResponse, phase: str = "request_body") -> dict[str, str]:
+    common = getattr(response, phase).response
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
+def metadata(response: pb.ProcessingResponse) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(response.dynamic_metadata)

@@ -1,0 +1,116 @@
+"""The director: resolution, freshness, failure mode, metrics (no gRPC)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from picker_builders import NOW, config, pod, snapshot
+from prometheus_client import CollectorRegistry
+
+from pointsman_picker import errors
+from pointsman_picker.director import Director, usable_pods
+from pointsman_picker.metrics import PickerMetrics
+from pointsman_picker.snapshots import StaticSnapshotSource
+
+BODY = b'{"model":"my-model","prompt":"hi"}'
+
+
+def director(snap=None, **sections) -> tuple[Director, CollectorRegistry]:
+    registry = CollectorRegistry()
+    source = StaticSnapshotSource(snap)
+    d = Director(config(**sections), source, PickerMetrics(registry), rng=random.Random(1), clock=lambda: NOW)
+    return d, registry
+
+
+def test_routes_and_counts():
+    d, registry = director(snapshot(pod(address="10.0.0.1:8000")))
+    routing = d.route(BODY)
+    assert routing.endpoint == "10.0.0.1:8000"
+    assert routing.rewritten
+    assert routing.body == b'{"model":"my-model-12345","prompt":"hi"}'
+    labels = {"model_name": "my-model", "target_model_name": "my-model-12345"}
+    assert registry.get_sample_value("inference_model_request_total", labels) == 1
+    assert registry.get_sample_value("pointsman_picker_decisions_total", {"result": "picked"}) == 1
+    assert registry.get_sample_value("inference_extension_scheduler_e2e_duration_seconds_count") == 1
+
+
+def test_a_model_without_targets_is_not_rewritten():
+    d, _ = director(snapshot(pod()))
+    raw = b'{"model": "plain"}'
+    routing = d.route(raw)
+    assert routing.body is raw
+    assert not routing.rewritten
+
+
+def test_no_body_routes_without_a_model():
+    d, registry = director(snapshot(pod(address="10.0.0.7:8000")))
+    routing = d.route(None)
+    assert (routing.endpoint, routing.body) == ("10.0.0.7:8000", None)
+    assert (
+        registry.get_sample_value(
+            "inference_model_request_total", {"model_name": "", "target_model_name": ""}
+        )
+        == 1
+    )
+
+
+def test_unknown_model_is_404_naming_the_model():
+    d, _ = director(snapshot(pod()))
+    with pytest.raises(errors.UnknownModel, match="'nope'") as caught:
+        d.route(b'{"model":"nope"}')
+    assert caught.value.model == ""  # client input never becomes a metric label
+
+
+def test_sheddable_without_capacity_is_429():
+    d, _ = director(snapshot(pod(waiting=50)))
+    with pytest.raises(errors.NoCapacity) as caught:
+        d.route(b'{"model":"sql-lora-sheddable"}')
+    assert (caught.value.model, caught.value.target) == ("sql-lora-sheddable", "sql-lora-1fdg3")
+
+
+FRESH = pod(waiting=100, address="fresh", updated_at=NOW - 1)
+STALE = pod(waiting=0, address="stale", updated_at=NOW - 3)
+SICK = pod(waiting=0, address="sick", healthy=False)
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected", "stale"),
+    [
+        ((FRESH, STALE, SICK), ["fresh"], False),
+        ((STALE, SICK), ["stale", "sick"], True),
+        ((), [], True),
+    ],
+)
+def test_usable_pods(pods, expected, stale):
+    usable, is_stale = usable_pods(snapshot(*pods), NOW, 2.0)
+    assert [p.address for p in usable] == expected
+    assert is_stale is stale
+
+
+def test_stale_pods_are_used_when_nothing_fresh_exists():
+    d, registry = director(snapshot(STALE))
+    assert d.route(BODY).endpoint == "stale"
+    assert registry.get_sample_value("pointsman_picker_decisions_total", {"result": "picked_stale"}) == 1
+
+
+@pytest.mark.parametrize("snap", [None, snapshot()])
+def test_fail_close_without_pods_is_503(snap):
+    d, _ = director(snap)
+    with pytest.raises(errors.NoEndpoints):
+        d.route(BODY)
+
+
+@pytest.mark.parametrize("snap", [None, snapshot()])
+def test_fail_open_without_pods_uses_a_configured_endpoint(snap):
+    pool = {"name": "test-pool", "failureMode": "FailOpen", "endpoints": ["10.1.0.1", "10.1.0.2:9000"]}
+    d, registry = director(snap, pool=pool)
+    seen = {d.route(BODY).endpoint for _ in range(50)}
+    assert seen == {"10.1.0.1:8000", "10.1.0.2:9000"}
+    assert registry.get_sample_value("pointsman_picker_decisions_total", {"result": "fail_open"}) == 50
+
+
+def test_fail_open_without_endpoints_is_503():
+    d, _ = director(None, pool={"name": "test-pool", "failureMode": "FailOpen"})
+    with pytest.raises(errors.NoEndpoints):
+        d.route(BODY)

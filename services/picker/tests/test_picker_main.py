@@ -1,0 +1,105 @@
+"""The console script: config errors exit 2; a real process serves, goes SERVING, and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from picker_builders import pod, snapshot
+
+from pointsman_picker.__main__ import main
+from pointsman_picker.server import EXT_PROC_SERVICE
+from pointsman_shared.codec import encode_pool
+from pointsman_shared.keys import RedisKeys
+
+
+def test_unreadable_config_exits_2(tmp_path, capsys):
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_invalid_config_exits_2_and_names_the_path(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("picker:\n  maxBodyBytes: -1\n")
+    assert main(["--config", str(path)]) == 2
+    assert "picker.maxBodyBytes" in capsys.readouterr().err
+
+
+def test_no_config_is_a_usage_error(monkeypatch):
+    monkeypatch.delenv("POINTSMAN_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as caught:
+        main([])
+    assert caught.value.code == 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def health_status(port: int, service: str = "") -> int | None:
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            request = health_pb2.HealthCheckRequest(service=service)
+            return (await health_pb2_grpc.HealthStub(channel).Check(request, timeout=1)).status
+    except grpc.aio.AioRpcError:
+        return None
+
+
+async def wait_status(port: int, status: int, service: str = "", within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while await health_status(port, service) != status:
+        assert time.monotonic() < deadline, f"port {port} never reported {status}"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_process_serves_from_redis_and_stops_on_sigterm(tmp_path, redis_url):
+    listen, health = free_port(), free_port()
+    path = tmp_path / "pointsman.yaml"
+    path.write_text(
+        f"""
+pool: {{name: proc-pool}}
+redis: {{url: "{redis_url}"}}
+picker:
+  listen: 127.0.0.1:{listen}
+  healthListen: 127.0.0.1:{health}
+  metricsListen: 127.0.0.1:{free_port()}
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pointsman_picker",
+        "--config",
+        str(path),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await wait_status(health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        keys = RedisKeys("proc-pool")
+        blob = encode_pool(snapshot(pod(), pool="proc-pool"))
+        with redis.Redis.from_url(redis_url) as client:
+            client.hset(keys.snapshot, mapping={"version": 1, "data": blob})
+            client.publish(keys.channel, 1)
+        await wait_status(health, health_pb2.HealthCheckResponse.SERVING)
+        await wait_status(listen, health_pb2.HealthCheckResponse.SERVING, EXT_PROC_SERVICE)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 15)
+        assert process.returncode == 0, stderr.decode()
+        assert b"Traceback" not in stderr
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()

@@ -1,0 +1,271 @@
+"""Hermetic tests: the real grpc.aio server on port 0, a real gRPC client, an in-memory snapshot.
+
+Spec §5 end-to-end cases 6-10 (pool port 8000, pod i at 192.168.1.(i+1)), the error answers, health,
+metrics and shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import urllib.request
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from picker_builders import (
+    NOW,
+    body,
+    config,
+    headers,
+    metadata,
+    on_free_ports,
+    pod,
+    pool_pods,
+    post_headers,
+    set_headers,
+    snapshot,
+)
+from prometheus_client import CollectorRegistry
+
+from pointsman_picker.server import EXT_PROC_SERVICE, PickerApp, create_app
+from pointsman_picker.snapshots import StaticSnapshotSource
+
+DEST = "x-gateway-destination-endpoint"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class Picker:
+    app: PickerApp
+    source: StaticSnapshotSource
+    stub: pb_grpc.ExternalProcessorStub
+    channel: grpc.aio.Channel
+
+    async def exchange(self, *messages: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        """One ext_proc stream: send the messages, collect every response."""
+        return [response async for response in self.stub.Process(iter(messages))]
+
+    def use(self, *pods) -> None:
+        self.source.set(snapshot(*pool_pods(*pods)))
+
+
+@pytest.fixture
+async def picker():
+    source = StaticSnapshotSource()
+    cfg = on_free_ports(config(picker={"maxBodyBytes": 1000}))
+    app = create_app(
+        cfg, source=source, registry=CollectorRegistry(), rng=random.Random(0), clock=lambda: NOW
+    )
+    await app.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
+    try:
+        yield Picker(app, source, pb_grpc.ExternalProcessorStub(channel), channel)
+    finally:
+        await channel.close()
+        await app.stop(0)
+
+
+def completion(model: str) -> bytes:
+    return (
+        json.dumps({"max_tokens": 100, "model": model, "prompt": "test1", "temperature": 0})
+        .replace(" ", "")
+        .encode()
+    )
+
+
+async def test_case6_critical_rewrite_and_content_length(picker):
+    picker.use(pod(3, 0.2), pod(0, 0.1), pod(10, 0.2))
+    first, second = await picker.exchange(post_headers(), body(completion("my-model")))
+    assert first.request_headers.response.clear_route_cache
+    assert set_headers(second) == {DEST: "192.168.1.2:8000", "Content-Length": "76"}
+    assert second.request_body.response.body_mutation.body == completion("my-model-12345")
+    assert metadata(second) == {"envoy.lb": {DEST: "192.168.1.2:8000"}}
+
+
+@pytest.mark.parametrize(
+    ("model", "pods", "expected"),
+    [
+        # 7
+        (
+            "sql-lora",
+            [
+                pod(0, 0.2, adapters={"foo", "bar"}),
+                pod(0, 0.1, adapters={"foo", "sql-lora-1fdg2"}),
+                pod(10, 0.2, adapters={"foo", "bar"}),
+            ],
+            "192.168.1.2:8000",
+        ),
+        # 8
+        (
+            "sql-lora",
+            [
+                pod(10, 0.2, adapters={"foo", "bar"}),
+                pod(200, 0.1, adapters={"foo", "sql-lora-1fdg2"}),
+                pod(6, 0.2, adapters={"foo"}),
+            ],
+            "192.168.1.3:8000",
+        ),
+        # 10
+        (
+            "sql-lora-sheddable",
+            [
+                pod(4, 0.2, adapters={"foo", "bar"}),
+                pod(0, 0.85, adapters={"foo"}),
+                pod(10, 0.9, adapters={"foo"}),
+            ],
+            "192.168.1.1:8000",
+        ),
+    ],
+)
+async def test_cases_7_8_10_destination(picker, model, pods, expected):
+    picker.use(*pods)
+    _, answer = await picker.exchange(post_headers(), body(completion(model)))
+    assert set_headers(answer)[DEST] == expected
+    assert metadata(answer) == {"envoy.lb": {DEST: expected}}
+
+
+async def test_case9_sheddable_without_capacity_is_429(picker):
+    picker.use(pod(6, 0.2, adapters={"foo"}), pod(0, 0.85, adapters={"foo"}), pod(10, 0.9, adapters={"foo"}))
+    first, second = await picker.exchange(post_headers(), body(completion("sql-lora-sheddable")))
+    assert first.WhichOneof("response") == "request_headers"
+    assert second.immediate_response.status.code == 429
+    assert json.loads(second.immediate_response.body)["error"]["code"] == 429
+
+
+async def test_unchanged_model_forwards_the_body_untouched(picker):
+    picker.use(pod())
+    raw = b'{ "model": "plain", "prompt": "<b>" }'
+    _, answer = await picker.exchange(post_headers(), body(raw))
+    assert set_headers(answer) == {DEST: "192.168.1.1:8000", "Content-Length": str(len(raw))}
+    assert not answer.request_body.response.HasField("body_mutation")
+
+
+@pytest.mark.parametrize(
+    ("chunks", "status"),
+    [
+        ([b"not json"], 400),
+        ([b'{"prompt":"no model"}'], 400),
+        ([b'{"model":7}'], 400),
+        ([b'{"model":"unknown-model"}'], 404),
+        ([b"x" * 1001], 413),
+        ([b"x" * 600, b"x" * 600], 413),
+    ],
+)
+async def test_error_answers(picker, chunks, status):
+    picker.use(pod())
+    messages = [body(c, end_of_stream=False) for c in chunks[:-1]] + [body(chunks[-1])]
+    answers = await picker.exchange(post_headers(), *messages)
+    assert answers[-1].immediate_response.status.code == status
+
+
+async def test_no_snapshot_under_fail_close_is_503(picker):
+    _, answer = await picker.exchange(post_headers(), body(completion("my-model")))
+    assert answer.immediate_response.status.code == 503
+
+
+async def test_a_request_without_body_is_routed_on_its_headers(picker):
+    picker.use(pod(5), pod(0))
+    [answer] = await picker.exchange(headers((":method", "GET"), (":path", "/v1/models"), end_of_stream=True))
+    assert answer.request_headers.response.clear_route_cache
+    assert set_headers(answer, "request_headers") == {DEST: "192.168.1.2:8000"}
+    assert metadata(answer) == {"envoy.lb": {DEST: "192.168.1.2:8000"}}
+
+
+async def test_response_phase_messages_get_empty_replies(picker):
+    picker.use(pod())
+    answers = await picker.exchange(
+        post_headers(),
+        body(completion("my-model")),
+        pb.ProcessingRequest(response_headers=pb.HttpHeaders()),
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True)),
+    )
+    assert [a.WhichOneof("response") for a in answers] == [
+        "request_headers",
+        "request_body",
+        "response_headers",
+        "response_body",
+    ]
+    assert answers[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+async def test_the_request_id_is_on_the_streams_log_lines(picker, caplog):
+    caplog.set_level(logging.INFO, logger="pointsman_picker")
+    picker.use(pod())
+    await picker.exchange(post_headers(("x-request-id", "rid-7")), body(b"nope"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "pointsman_picker.stream"]
+    assert lines
+    assert all(line.startswith("[rid-7] ") for line in lines)
+
+
+async def check(port: int, service: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service)
+        )
+        return response.status
+
+
+async def eventually_serving(port: int, service: str) -> None:
+    for _ in range(200):
+        if await check(port, service) == SERVING:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never SERVING")
+
+
+@pytest.mark.parametrize("service", ["", EXT_PROC_SERVICE])
+async def test_health_waits_for_the_first_snapshot_on_both_ports(picker, service):
+    for port in (picker.app.port, picker.app.health_port):
+        assert await check(port, service) == NOT_SERVING
+    picker.use(pod())
+    for port in (picker.app.port, picker.app.health_port):
+        await eventually_serving(port, service)
+
+
+async def test_metrics_are_served(picker):
+    picker.use(pod())
+    await picker.exchange(post_headers(), body(completion("my-model")))
+    await picker.exchange(post_headers(), body(b'{"model":"unknown-model"}'))
+    url = f"http://127.0.0.1:{picker.app.metrics_port}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    assert (
+        'inference_model_request_total{model_name="my-model",target_model_name="my-model-12345"} 1.0' in text
+    )
+    assert (
+        'inference_model_request_error_total{error_code="BadConfiguration",model_name="",'
+        'target_model_name=""} 1.0' in text
+    )
+    assert 'pointsman_picker_decisions_total{result="picked"} 1.0' in text
+    assert 'pointsman_picker_decisions_total{result="unknown_model"} 1.0' in text
+    assert "inference_extension_scheduler_e2e_duration_seconds_count 1.0" in text
+    assert 'pointsman_picker_snapshot_version{name="test-pool"} 1.0' in text
+    assert 'inference_pool_ready_pods{name="test-pool"} 1.0' in text
+
+
+async def test_shutdown_goes_not_serving_and_cancels_streams_after_the_grace(picker):
+    picker.use(pod())
+    await eventually_serving(picker.app.health_port, "")
+    queue: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
+
+    async def requests():
+        while (message := await queue.get()) is not None:
+            yield message
+
+    call = picker.stub.Process(requests())
+    await queue.put(post_headers())
+    first = await call.read()  # the stream is open, waiting for a body that never comes
+    assert first.WhichOneof("response") == "request_headers"
+    assert picker.app.servicer.open_streams == 1
+    await picker.app.stop(0.2)
+    assert picker.app.servicer.open_streams == 0
+    assert picker.app.servicer.unfinished_streams == 1
+    with pytest.raises(grpc.aio.AioRpcError):
+        await call.read()
+    await queue.put(None)
