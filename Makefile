@@ -17,8 +17,10 @@ help: ## list the targets
 $(STAMP): requirements/runtime.txt requirements/dev.txt $(foreach p,$(PACKAGES),$(p)/pyproject.toml)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Pointsman needs Python >= 3.11; set PYTHON=")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	@# --no-deps + pip check: the lock must name every package, so nothing unpinned slips in.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
+	$(BIN)/python -m pip check
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv with every package pinned and the console scripts in .venv/bin
