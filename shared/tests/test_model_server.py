@@ -110,3 +110,17 @@ def test_kv_falls_back_to_the_old_name_only_when_the_new_one_is_absent() -> None
     assert read_page(both, PRESETS["vllm"]).kv_cache_usage == pytest.approx(0.1)
     old = "vllm:gpu_cache_usage_perc 0.9\n"
     assert read_page(old, PRESETS["vllm"]).kv_cache_usage == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    ("lines", "idle_max_lora"),
+    [
+        ([_lora("", "", 2, max_lora="3"), _lora("", "", 1, max_lora="9")], 3),
+        ([_lora("a", "", 1, max_lora="2"), _lora("", "", 5, max_lora="3")], None),
+        ([], None),
+    ],
+    ids=["newest idle series", "an active series wins", "no family"],
+)
+def test_idle_max_lora(lines: list[str], idle_max_lora: int | None) -> None:
+    page = "vllm:num_requests_waiting 1\n" + "".join(lines)
+    assert read_page(page, PRESETS["vllm"]).idle_max_lora == idle_max_lora

@@ -92,3 +92,9 @@ def _served_by(gateway: httpx.Client, model: str) -> str:
     response = gateway.post("/v1/completions", json=completion(model, max_tokens=1))
     assert response.status_code == 200, response.text
     return response.headers[POD_HEADER]
+
+
+def test_every_pod_advertises_its_adapter_slots(stack: Stack, pool: Pool) -> None:
+    # Even a pod that has not served an adapter yet (only an idle lora_requests_info series) counts as
+    # having free slots; else LoRA affinity would never pick it for a new adapter.
+    pool.wait_for(lambda pods: all(p["maxLora"] == stack.sim.max_loras for p in pods.values()))

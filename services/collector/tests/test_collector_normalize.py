@@ -116,8 +116,32 @@ def test_fixture_page(name: str, before: PodState) -> None:
             # The last-known adapter set rule: a page that names no adapters keeps the previous ones (for
             # a fresh pod those are the empty defaults the expectation states).
             want = value(before.snapshot, field)
+            if field == "max_lora" and before.snapshot.max_lora == 0 and name in IDLE_MAX_LORA:
+                # Our one departure: a pod with no known max_lora takes the idle series' value.
+                want = IDLE_MAX_LORA[name]
         got = value(after.snapshot, field)
         assert got == (pytest.approx(want) if field == "kv_cache_usage" else want), field
+
+
+# The max_lora label of the idle series on the pages whose every LoRA series is idle.
+IDLE_MAX_LORA = {"vllm-idle-all-empty": 4}
+
+
+@pytest.mark.parametrize(
+    ("previous", "page", "expected"),
+    [
+        (0, PageMetrics(None, None, None, None, idle_max_lora=4), 4),
+        (2, PageMetrics(None, None, None, None, idle_max_lora=4), 2),
+        (0, PageMetrics(None, None, None, None), 0),
+        (0, PageMetrics(None, None, None, LoraState(3, frozenset({"a"}), frozenset())), 3),
+    ],
+    ids=["unknown takes idle", "known stands", "no family", "active series wins"],
+)
+def test_max_lora_from_an_idle_series_only_while_unknown(
+    previous: int, page: PageMetrics, expected: int
+) -> None:
+    before = PodState(PodSnapshot("10.0.0.1:8000", max_lora=previous), good=True)
+    assert on_page(before, page, NOW).snapshot.max_lora == expected
 
 
 def test_every_fixture_page_is_covered() -> None:

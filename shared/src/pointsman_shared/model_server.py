@@ -67,7 +67,8 @@ class PageMetrics:
     ``lora`` is ``None`` both when the family is absent and when every series is idle (both adapter
     labels empty): in either case the previous adapter set and max_lora stand (spec §4).
     ``lora_error`` is set when the LoRA series was unusable (e.g. ``max_lora="2a"``); the other fields
-    still count.
+    still count. ``idle_max_lora`` is the ``max_lora`` of the newest series when every series is idle:
+    upstream ignores it, which leaves a pod that has not served an adapter yet with no known slots.
     """
 
     waiting: int | None
@@ -75,6 +76,7 @@ class PageMetrics:
     kv_cache_usage: float | None
     lora: LoraState | None
     lora_error: str | None = None
+    idle_max_lora: int | None = None
 
 
 def read_page(text: str, names: MetricNames) -> PageMetrics:
@@ -91,9 +93,10 @@ def read_page(text: str, names: MetricNames) -> PageMetrics:
             break
     lora: LoraState | None = None
     lora_error: str | None = None
+    idle_max_lora: int | None = None
     if names.lora_info:
         try:
-            lora = _newest_lora(samples[names.lora_info], names)
+            lora, idle_max_lora = _newest_lora(samples[names.lora_info], names)
         except MetricsPageError as exc:
             lora_error = exc.reason
     return PageMetrics(
@@ -102,6 +105,7 @@ def read_page(text: str, names: MetricNames) -> PageMetrics:
         kv_cache_usage=kv,
         lora=lora,
         lora_error=lora_error,
+        idle_max_lora=idle_max_lora,
     )
 
 
@@ -119,30 +123,39 @@ def _count(name: str, samples: list[Sample]) -> int | None:
     return round(_total(name, samples)) if samples else None
 
 
-def _newest_lora(samples: list[Sample], names: MetricNames) -> LoraState | None:
-    """The series with the largest value (its timestamp) among those naming any adapter."""
+def _newest_lora(samples: list[Sample], names: MetricNames) -> tuple[LoraState | None, int | None]:
+    """The series with the largest value (its timestamp) among those naming any adapter; when there is
+    none, the newest idle series' max_lora instead."""
     newest: Sample | None = None
+    newest_idle: Sample | None = None
     for sample in samples:
         running = sample.labels.get(names.running_adapters_label, "")
         waiting = sample.labels.get(names.waiting_adapters_label, "")
         if not running.strip(" ,") and not waiting.strip(" ,"):
-            continue  # an idle server's series says nothing about which adapters are loaded
-        if newest is None or sample.value > newest.value:
+            # An idle server's series says nothing about which adapters are loaded.
+            if newest_idle is None or sample.value > newest_idle.value:
+                newest_idle = sample
+        elif newest is None or sample.value > newest.value:
             newest = sample
     if newest is None:
-        return None
-    raw_max = newest.labels.get(names.max_lora_label, "")
-    try:
-        max_lora = int(raw_max)
-    except ValueError:
-        raise MetricsPageError("max_lora", f"max_lora {raw_max!r} is not an integer") from None
-    if max_lora < 0:
-        raise MetricsPageError("max_lora", f"max_lora {raw_max!r} is negative")
-    return LoraState(
-        max_lora=max_lora,
+        return None, (None if newest_idle is None else _max_lora(newest_idle, names))
+    state = LoraState(
+        max_lora=_max_lora(newest, names),
         running=_adapters(newest.labels.get(names.running_adapters_label, "")),
         waiting=_adapters(newest.labels.get(names.waiting_adapters_label, "")),
     )
+    return state, None
+
+
+def _max_lora(sample: Sample, names: MetricNames) -> int:
+    raw = sample.labels.get(names.max_lora_label, "")
+    try:
+        max_lora = int(raw)
+    except ValueError:
+        raise MetricsPageError("max_lora", f"max_lora {raw!r} is not an integer") from None
+    if max_lora < 0:
+        raise MetricsPageError("max_lora", f"max_lora {raw!r} is negative")
+    return max_lora
 
 
 def _adapters(label: str) -> frozenset[str]:

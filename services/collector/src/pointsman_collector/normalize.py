@@ -5,6 +5,9 @@ Rules (upstream-spec §4):
 - ``page.lora is None`` (no LoRA family, or only idle series) keeps the previous adapter sets and
   max_lora: the last-known adapter set rule. ``page.lora_error`` leaves the LoRA fields as they were
   while queue and KV still update.
+- One departure from upstream: while a pod has never reported a max_lora (0), the max_lora of its idle
+  series is taken. Upstream leaves such a pod at 0 slots, so until it serves its first adapter it is
+  never "available" to LoRA affinity and the first pod that loaded any adapter draws them all.
 - Health: a pod is published unhealthy, with a ``reason``, until its first good scrape, after
   ``max_failures`` failed scrapes in a row, or when its last good scrape is older than ``staleness``.
   The next good scrape makes it healthy again.
@@ -56,13 +59,21 @@ def on_page(state: PodState, page: PageMetrics, now: float) -> PodState:
             waiting=prev.waiting if page.waiting is None else page.waiting,
             running=prev.running if page.running is None else page.running,
             kv_cache_usage=prev.kv_cache_usage if page.kv_cache_usage is None else page.kv_cache_usage,
-            max_lora=prev.max_lora if lora is None else lora.max_lora,
+            max_lora=_max_lora(prev.max_lora, page),
             running_adapters=prev.running_adapters if lora is None else lora.running,
             waiting_adapters=prev.waiting_adapters if lora is None else lora.waiting,
             updated_at=now,
         ),
         good=True,
     )
+
+
+def _max_lora(previous: int, page: PageMetrics) -> int:
+    if page.lora is not None:
+        return page.lora.max_lora
+    if previous == 0 and page.idle_max_lora is not None:
+        return page.idle_max_lora
+    return previous
 
 
 def on_failure(state: PodState, reason: str, now: float, policy: HealthPolicy) -> PodState:
