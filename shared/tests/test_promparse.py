@@ -2,22 +2,27 @@ from __future__ import annotations
 
 import pytest
 
-from pointsman_shared.promparse import PromParseError, Sample, read_samples
+from pointsman_shared.promparse import PromParseError, read_family, read_samples
 
 
 @pytest.mark.parametrize(
     ("page", "name", "expected"),
     [
-        ("m 1\n", "m", [Sample({}, 1.0)]),
-        ('m{a="x"} 2.5\n', "m", [Sample({"a": "x"}, 2.5)]),
-        ('m{a="x",b="y"} 3 1700000000000\n', "m", [Sample({"a": "x", "b": "y"}, 3.0)]),
-        ('m{a="x",} 4\n', "m", [Sample({"a": "x"}, 4.0)]),
-        ('m{a="q\\"uo\\\\te"} 5', "m", [Sample({"a": 'q"uo\\te'}, 5.0)]),
-        ('m{a="1,2"} 1.7640004e+09\n', "m", [Sample({"a": "1,2"}, 1.7640004e9)]),
-        ("m NaN\n", "m", [Sample({}, float("nan"))]),
-        ("# HELP m help\n# TYPE m gauge\nm_total 1\nm_created 2\nm 3\n", "m", [Sample({}, 3.0)]),
+        ("m 1\n", "m", [({}, 1.0)]),
+        ('m{a="x"} 2.5\n', "m", [({"a": "x"}, 2.5)]),
+        ('m{a="x",b="y"} 3 1700000000000\n', "m", [({"a": "x", "b": "y"}, 3.0)]),
+        ('m{a="x",} 4\n', "m", [({"a": "x"}, 4.0)]),
+        ('m{a="q\\"uo\\\\te"} 5', "m", [({"a": 'q"uo\\te'}, 5.0)]),
+        ('m{a="1,2"} 1.7640004e+09\n', "m", [({"a": "1,2"}, 1.7640004e9)]),
+        ("m NaN\n", "m", [({}, float("nan"))]),
+        ("# HELP m help\n# TYPE m gauge\nm_total 1\nm_created 2\nm 3\n", "m", [({}, 3.0)]),
         ("other 1\nxm 2\n", "m", []),
         ("", "m", []),
+        ('m{a="}{,"} 6\n', "m", [({"a": "}{,"}, 6.0)]),
+        ('m{a="line\\nbreak"} 7\n', "m", [({"a": "line\nbreak"}, 7.0)]),
+        ("m 8\r\n", "m", [({}, 8.0)]),
+        ('m{ a = "x" , b="y" } 9\n', "m", [({"a": "x", "b": "y"}, 9.0)]),
+        ('m{e="0"} 1\nm{e="1"} 2\nn 3\n', "m", [({"e": "0"}, 1.0), ({"e": "1"}, 2.0)]),
     ],
     ids=[
         "bare",
@@ -30,14 +35,19 @@ from pointsman_shared.promparse import PromParseError, Sample, read_samples
         "only exact name",
         "absent",
         "empty page",
+        "braces in value",
+        "escaped newline",
+        "crlf",
+        "spaces around labels",
+        "one series per engine",
     ],
 )
-def test_read_samples(page: str, name: str, expected: list[Sample]) -> None:
+def test_read_samples(page: str, name: str, expected: list[tuple[dict[str, str], float]]) -> None:
     got = read_samples(page, [name])[name]
     assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        assert g.labels == e.labels
-        assert (g.value == e.value) or (g.value != g.value and e.value != e.value)
+    for sample, (labels, value) in zip(got, expected, strict=True):
+        assert sample.labels == labels
+        assert (sample.value == value) or (sample.value != sample.value and value != value)
 
 
 @pytest.mark.parametrize(
@@ -50,8 +60,24 @@ def test_read_samples(page: str, name: str, expected: list[Sample]) -> None:
         'm{a="x"}',
         'm{a="x"} 1 2 3',
         'm{-a="x"} 1',
+        'm{a="x"}} 1',
+        'm{a="x""} 1',
+        'm{a="x" b="y"} 1',
+        "m ",
     ],
 )
 def test_malformed_lines_raise(line: str) -> None:
     with pytest.raises(PromParseError, match="m"):
         read_samples(line + "\n", ["m"])
+
+
+def test_a_family_ends_at_its_first_foreign_line() -> None:
+    # The format keeps a metric's lines together; a stray line later on is not read (nor scanned for).
+    page = "# TYPE m gauge\nm 1\n# TYPE n gauge\nn 2\nm 3\n"
+    assert [s.value for s in read_family(page, "m")] == [1.0]
+
+
+def test_labels_are_read_only_when_asked() -> None:
+    (sample,) = read_family('m{a="x",b="y\\"z"} 1\n', "m")
+    assert sample.label_text == 'a="x",b="y\\"z"'
+    assert sample.labels == {"a": "x", "b": 'y"z'}
