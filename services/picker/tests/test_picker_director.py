@@ -31,7 +31,12 @@ def test_routes_and_counts():
     assert routing.body == b'{"model":"my-model-12345","prompt":"hi"}'
     labels = {"model_name": "my-model", "target_model_name": "my-model-12345"}
     assert registry.get_sample_value("inference_model_request_total", labels) == 1
-    assert registry.get_sample_value("pointsman_picker_decisions_total", {"result": "picked"}) == 1
+    assert (
+        registry.get_sample_value(
+            "pointsman_picker_decisions_total", {"profile": "default", "result": "picked"}
+        )
+        == 1
+    )
     assert registry.get_sample_value("inference_extension_scheduler_e2e_duration_seconds_count") == 1
 
 
@@ -91,7 +96,12 @@ def test_usable_pods(pods, expected, stale):
 def test_stale_pods_are_used_when_nothing_fresh_exists():
     d, registry = director(snapshot(STALE))
     assert d.route(BODY).endpoint == "stale"
-    assert registry.get_sample_value("pointsman_picker_decisions_total", {"result": "picked_stale"}) == 1
+    assert (
+        registry.get_sample_value(
+            "pointsman_picker_decisions_total", {"profile": "default", "result": "picked_stale"}
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize("snap", [None, snapshot()])
@@ -107,7 +117,12 @@ def test_fail_open_without_pods_uses_a_configured_endpoint(snap):
     d, registry = director(snap, pool=pool)
     seen = {d.route(BODY).endpoint for _ in range(50)}
     assert seen == {"10.1.0.1:8000", "10.1.0.2:9000"}
-    assert registry.get_sample_value("pointsman_picker_decisions_total", {"result": "fail_open"}) == 50
+    assert (
+        registry.get_sample_value(
+            "pointsman_picker_decisions_total", {"profile": "default", "result": "fail_open"}
+        )
+        == 50
+    )
 
 
 def test_fail_open_without_endpoints_is_503():

@@ -242,8 +242,8 @@ async def test_metrics_are_served(picker):
         'inference_model_request_error_total{error_code="BadConfiguration",model_name="",'
         'target_model_name=""} 1.0' in text
     )
-    assert 'pointsman_picker_decisions_total{result="picked"} 1.0' in text
-    assert 'pointsman_picker_decisions_total{result="unknown_model"} 1.0' in text
+    assert 'pointsman_picker_decisions_total{profile="default",result="picked"} 1.0' in text
+    assert 'pointsman_picker_decisions_total{profile="default",result="unknown_model"} 1.0' in text
     assert "inference_extension_scheduler_e2e_duration_seconds_count 1.0" in text
     assert 'pointsman_picker_snapshot_version{name="test-pool"} 1.0' in text
     assert 'inference_pool_ready_pods{name="test-pool"} 1.0' in text

@@ -11,25 +11,57 @@ from picker_builders import body, headers, post_headers, set_headers
 
 from pointsman_picker import errors
 from pointsman_picker.director import Routing
-from pointsman_picker.extproc.stream import Phase, RequestStream, StreamSettings
+from pointsman_picker.extproc.stream import Completion, Phase, RequestStream, StreamSettings
+from pointsman_picker.extproc.usage import Usage
 
 SETTINGS = StreamSettings(max_body_bytes=10, destination_header="x-dest", metadata_namespace="envoy.lb")
+ROOMY = StreamSettings(max_body_bytes=200_000, destination_header="x-dest", metadata_namespace="envoy.lb")
 
 
 class FakeRouter:
-    def __init__(self, fail: Exception | None = None) -> None:
+    def __init__(self, fail: Exception | None = None, *, rewrite: bytes | None = None) -> None:
         self.bodies: list[bytes | None] = []
         self.errors: list[errors.PickerError] = []
+        self.done: list[Completion] = []
         self.fail = fail
+        self.rewrite = rewrite
+        self.now = 0.0
 
     def route(self, data: bytes | None) -> Routing:
         self.bodies.append(data)
         if self.fail is not None:
             raise self.fail
-        return Routing("10.0.0.9:8000", data, rewritten=False)
+        if self.rewrite is not None:
+            return Routing("10.0.0.9:8000", self.rewrite, rewritten=True, model="m", target="t")
+        return Routing("10.0.0.9:8000", data, rewritten=False, model="m", target="m")
 
     def stream(self, settings: StreamSettings = SETTINGS) -> RequestStream:
-        return RequestStream(self.route, settings, on_error=self.errors.append)
+        return RequestStream(
+            self.route, settings, on_error=self.errors.append, on_complete=self.done.append, clock=self.clock
+        )
+
+    def clock(self) -> float:
+        self.now += 0.5
+        return self.now
+
+
+MODE = processing_mode_pb2.ProcessingMode
+
+
+def with_modes(message: pb.ProcessingRequest, *, request: int = 0, response: int = 0) -> pb.ProcessingRequest:
+    """The first message of a stream, as Envoy sends it: with the body modes it was configured with."""
+    message.protocol_config.request_body_mode = request
+    message.protocol_config.response_body_mode = response
+    return message
+
+
+def response_headers(*pairs: tuple[str, str], end_of_stream: bool = False) -> pb.ProcessingRequest:
+    request = headers(*pairs, end_of_stream=end_of_stream)
+    return pb.ProcessingRequest(response_headers=request.request_headers)
+
+
+def response_body(data: bytes, *, end_of_stream: bool = False) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=end_of_stream))
 
 
 def kinds(answers: list[pb.ProcessingResponse]) -> list[str]:
@@ -47,14 +79,62 @@ def test_headers_then_body():
     assert stream.phase is Phase.ROUTED
 
 
-def test_chunks_accumulate_until_end_of_stream():
+def test_streamed_chunks_are_answered_in_order_once_the_body_is_complete():
     router = FakeRouter()
     stream = router.stream()
-    stream.handle(post_headers())
+    stream.handle(with_modes(post_headers(), request=MODE.STREAMED))
     assert stream.handle(body(b"ab", end_of_stream=False)) == []
     assert stream.handle(body(b"cd", end_of_stream=False)) == []
-    assert kinds(stream.handle(body(b"ef"))) == ["request_body"]
+    answers = stream.handle(body(b"ef"))
+    assert kinds(answers) == ["request_body"] * 3
     assert router.bodies == [b"abcdef"]
+    # Not rewritten: the chunks pass as they are; the last answer carries the route.
+    assert answers[0] == answers[1] == pb.ProcessingResponse(request_body=pb.BodyResponse())
+    assert set_headers(answers[2]) == {"x-dest": "10.0.0.9:8000", "Content-Length": "6"}
+    assert not answers[2].request_body.response.HasField("body_mutation")
+
+
+def test_a_rewritten_streamed_body_clears_the_early_chunks():
+    router = FakeRouter(rewrite=b'{"model":"t"}')
+    stream = router.stream(ROOMY)
+    stream.handle(with_modes(post_headers(), request=MODE.STREAMED))
+    stream.handle(body(b'{"model"', end_of_stream=False))
+    first, last = stream.handle(body(b':"m"}'))
+    assert first.request_body.response.body_mutation.clear_body
+    assert last.request_body.response.body_mutation.body == b'{"model":"t"}'
+    assert set_headers(last)["Content-Length"] == "13"
+
+
+@pytest.mark.parametrize(
+    ("size", "chunks"), [(0, [0]), (5, [5]), (62_000, [62_000]), (130_000, [62_000, 62_000, 6_000])]
+)
+def test_full_duplex_answers_headers_then_the_body_in_chunks(size, chunks):
+    router = FakeRouter()
+    stream = router.stream(ROOMY)
+    assert stream.handle(with_modes(post_headers(), request=MODE.FULL_DUPLEX_STREAMED)) == []
+    data = b"x" * size
+    assert stream.handle(body(data[:3], end_of_stream=False)) == []
+    answers = stream.handle(body(data[3:]))
+    assert kinds(answers) == ["request_headers"] + ["request_body"] * len(chunks)
+    header_answer = answers[0]
+    assert set_headers(header_answer, "request_headers") == {
+        "x-dest": "10.0.0.9:8000",
+        "Content-Length": str(size),
+    }
+    assert header_answer.request_headers.response.clear_route_cache
+    streamed = [a.request_body.response.body_mutation.streamed_response for a in answers[1:]]
+    assert [len(s.body) for s in streamed] == chunks
+    assert [s.end_of_stream for s in streamed] == [False] * (len(chunks) - 1) + [True]
+    assert b"".join(s.body for s in streamed) == data
+
+
+def test_full_duplex_body_ended_by_trailers():
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(with_modes(post_headers(), request=MODE.FULL_DUPLEX_STREAMED))
+    stream.handle(body(b"{}", end_of_stream=False))
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    assert kinds(stream.handle(trailers)) == ["request_headers", "request_body", "request_trailers"]
 
 
 def test_a_buffered_body_is_one_message_even_without_end_of_stream():
@@ -130,6 +210,50 @@ def test_response_phase_gets_empty_replies():
         [answer] = stream.handle(message)
         assert answer.WhichOneof("response") == kind
         assert answer == pb.ProcessingResponse(**{kind: {}})
+
+
+SSE = (
+    b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"us',
+    b'age":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}\n\ndata: [DONE]\n\n',
+)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "chunks", "usage"),
+    [
+        ("application/json", (b'{"usage":{"prompt_tokens":5,', b'"completion_tokens":2}}'), Usage(5, 2)),
+        ("text/event-stream; charset=utf-8", SSE, Usage(7, 3)),
+        ("text/event-stream", SSE[:1], None),
+        ("application/json", (b"not json",), None),
+    ],
+)
+@pytest.mark.parametrize("mode", [MODE.STREAMED, MODE.FULL_DUPLEX_STREAMED])
+def test_the_response_is_counted_and_passed_through_untouched(content_type, chunks, usage, mode):
+    router = FakeRouter()
+    stream = router.stream(ROOMY)
+    stream.handle(with_modes(post_headers(), response=mode))
+    stream.handle(body(b"{}"))
+    [answer] = stream.handle(response_headers((":status", "200"), ("content-type", content_type)))
+    assert answer == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    for i, chunk in enumerate(chunks):
+        [answer] = stream.handle(response_body(chunk, end_of_stream=i == len(chunks) - 1))
+        if mode == MODE.FULL_DUPLEX_STREAMED:  # that mode needs every byte handed back
+            assert answer.response_body.response.body_mutation.streamed_response.body == chunk
+        else:
+            assert answer == pb.ProcessingResponse(response_body=pb.BodyResponse())
+    size = sum(len(c) for c in chunks)
+    assert router.done == [Completion("m", "m", 200, 0.5, 2, size, usage)]
+    assert stream.phase is Phase.DONE
+
+
+def test_a_header_only_response_completes():
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(post_headers())
+    stream.handle(body(b"{}"))
+    stream.handle(response_headers((":status", "503"), end_of_stream=True))
+    [done] = router.done
+    assert (done.status, done.response_bytes, done.usage) == (503, 0, None)
 
 
 def test_request_id_from_the_headers_is_on_every_log_line(caplog):

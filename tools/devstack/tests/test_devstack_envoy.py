@@ -51,6 +51,8 @@ def test_reference_config_is_up_to_date() -> None:
             id="renamed",
         ),
         pytest.param(_options(gateway_listen="[::1]:18080", pickers=("[::1]:19002",)), id="ipv6"),
+        pytest.param(_options(request_body_mode="FULL_DUPLEX_STREAMED"), id="full-duplex"),
+        pytest.param(_options(response_processing=False), id="requests-only"),
     ],
 )
 def test_envoy_accepts_every_generated_config(options: envoy.EnvoyOptions, tmp_path: Path) -> None:
@@ -72,15 +74,30 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     ext_proc = _ext_proc(envoy.bootstrap(_options(metadata_namespace="envoy.lb")))
     assert ext_proc["processing_mode"] == {
         "request_header_mode": "SEND",
-        "response_header_mode": "SKIP",
+        "response_header_mode": "SEND",
         "request_body_mode": "BUFFERED",
-        "response_body_mode": "NONE",
+        "response_body_mode": "STREAMED",
         "request_trailer_mode": "SKIP",
         "response_trailer_mode": "SKIP",
     }
     assert ext_proc["failure_mode_allow"] is False
     assert ext_proc["grpc_service"] == {"envoy_grpc": {"cluster_name": envoy.PICKER_CLUSTER}}
     assert ext_proc["metadata_options"] == {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"response_processing": False}, {"response_header_mode": "SKIP", "response_body_mode": "NONE"}),
+        (
+            {"request_body_mode": "FULL_DUPLEX_STREAMED"},
+            {"request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"},
+        ),
+    ],
+)
+def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str, str]) -> None:
+    mode = _ext_proc(envoy.bootstrap(_options(**overrides)))["processing_mode"]
+    assert {key: mode[key] for key in expected} == expected
 
 
 def test_pods_are_routed_by_the_destination_header() -> None:

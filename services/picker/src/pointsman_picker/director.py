@@ -20,6 +20,9 @@ from pointsman_picker.snapshots import SnapshotSource
 from pointsman_shared.config import FailureMode, PointsmanConfig
 from pointsman_shared.snapshot import PoolSnapshot, is_fresh
 
+# The #423 tree is the one scheduling profile so far; decisions are labelled with it.
+PROFILE = "default"
+
 
 @dataclass(frozen=True, slots=True)
 class Routing:
@@ -60,7 +63,7 @@ class Director:
         """Route a request; ``body`` is ``None`` when the request has none (routed without a model)."""
         if body is None:
             endpoint, result = self._pick(SchedulingRequest(target_model=None, critical=False), "", "")
-            self._metrics.routed("", "", result)
+            self._metrics.routed("", "", PROFILE, result)
             return Routing(endpoint, None, rewritten=False)
         parsed = parse_body(body)
         resolution = self._catalog.resolve(parsed.model, self._rng)
@@ -70,7 +73,7 @@ class Director:
         final = with_model(parsed, resolution.target)
         request = SchedulingRequest(target_model=resolution.target, critical=resolution.critical)
         endpoint, result = self._pick(request, resolution.model, resolution.target)
-        self._metrics.routed(resolution.model, resolution.target, result)
+        self._metrics.routed(resolution.model, resolution.target, PROFILE, result)
         return Routing(endpoint, final, final is not body, resolution.model, resolution.target)
 
     def _pick(self, request: SchedulingRequest, model: str, target: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -17,8 +18,18 @@ from prometheus_client.registry import Collector
 
 from pointsman_picker.snapshots import SnapshotSource
 
-# Upstream's buckets for the scheduler latency.
+if TYPE_CHECKING:  # the stream module imports the director, which imports this one
+    from pointsman_picker.extproc.stream import Completion
+
+# Upstream's buckets.
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+DURATION_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60,
+    120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+SIZE_BUCKETS = tuple(float(2**i) for i in range(6, 31))  # 64 B .. 1 GiB
+TOKEN_BUCKETS = tuple(float(2**i) for i in (0, *range(3, 21)))  # 1, 8 .. 1 Mi
+_MODEL_LABELS = ["model_name", "target_model_name"]
 
 
 class PickerMetrics:
@@ -44,28 +55,76 @@ class PickerMetrics:
         )
         self.decisions = Counter(
             "pointsman_picker_decisions",
-            "Routing decisions by result.",
-            ["result"],
+            "Routing decisions by scheduling profile and result.",
+            ["profile", "result"],
             registry=registry,
         )
-        self._routed: dict[tuple[str, str, str], tuple[Counter, Counter]] = {}
+        # Response side: only when Envoy sends responses to the picker (response_header_mode SEND).
+        self.request_duration = Histogram(
+            "inference_model_request_duration_seconds",
+            "From request headers to the end of the response.",
+            _MODEL_LABELS,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.request_sizes = Histogram(
+            "inference_model_request_sizes",
+            "Request body bytes (as forwarded).",
+            _MODEL_LABELS,
+            buckets=SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.response_sizes = Histogram(
+            "inference_model_response_sizes",
+            "Response body bytes.",
+            _MODEL_LABELS,
+            buckets=SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.input_tokens = Histogram(
+            "inference_model_input_tokens",
+            "Prompt tokens, from the response's usage.",
+            _MODEL_LABELS,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.output_tokens = Histogram(
+            "inference_model_output_tokens",
+            "Completion tokens, from the response's usage.",
+            _MODEL_LABELS,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self._routed: dict[tuple[str, str, str, str], tuple[Counter, Counter]] = {}
 
-    def routed(self, model: str, target: str, result: str) -> None:
+    def routed(self, model: str, target: str, profile: str, result: str) -> None:
         # Label values here are bounded (configured models, fixed results): cache the children.
-        key = (model, target, result)
+        key = (model, target, profile, result)
         children = self._routed.get(key)
         if children is None:
             children = self._routed[key] = (
                 self.requests.labels(model, target),
-                self.decisions.labels(result),
+                self.decisions.labels(profile, result),
             )
         children[0].inc()
         children[1].inc()
 
-    def failed(self, model: str, target: str, error_code: str, result: str) -> None:
+    def failed(self, model: str, target: str, error_code: str, profile: str, result: str) -> None:
         """``model`` must be a configured model or "" (never raw client input: unbounded labels)."""
         self.request_errors.labels(model, target, error_code).inc()
-        self.decisions.labels(result).inc()
+        self.decisions.labels(profile, result).inc()
+
+    def completed(self, done: Completion) -> None:
+        """A response Envoy showed the picker has ended; an HTTP error status counts as an error."""
+        labels = (done.model, done.target)
+        if done.status >= 400:
+            self.request_errors.labels(*labels, f"ModelServer{done.status}").inc()
+        self.request_duration.labels(*labels).observe(done.duration)
+        self.request_sizes.labels(*labels).observe(done.request_bytes)
+        self.response_sizes.labels(*labels).observe(done.response_bytes)
+        if done.usage is not None:
+            self.input_tokens.labels(*labels).observe(done.usage.prompt_tokens)
+            self.output_tokens.labels(*labels).observe(done.usage.completion_tokens)
 
 
 class SnapshotCollector(Collector):

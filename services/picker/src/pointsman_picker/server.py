@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2, external_processor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from pointsman_picker.director import Director
+from pointsman_picker.director import PROFILE, Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcServicer
 from pointsman_picker.extproc.stream import StreamSettings
@@ -65,6 +65,8 @@ class PickerApp:
             self.director.route,
             StreamSettings(picker.max_body_bytes, picker.destination_header, picker.metadata_namespace),
             on_error=self._record_error,
+            on_complete=self.metrics.completed,
+            clock=time.monotonic,
         )
         self.health = health.aio.HealthServicer()
         self.port = 0
@@ -76,7 +78,7 @@ class PickerApp:
         self._ready_task: asyncio.Task[None] | None = None
 
     def _record_error(self, error: PickerError) -> None:
-        self.metrics.failed(error.model, error.target, error.code, error.result)
+        self.metrics.failed(error.model, error.target, error.code, PROFILE, error.result)
 
     async def start(self) -> None:
         picker = self.config.picker

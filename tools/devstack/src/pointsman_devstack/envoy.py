@@ -68,6 +68,13 @@ class EnvoyOptions:
     route_timeout_s: float = 3600.0
     # Envoy warns at start-up when nothing bounds the open client connections.
     max_downstream_connections: int = 50_000
+    # BUFFERED keeps the client's Content-Length (the picker fixes it); FULL_DUPLEX_STREAMED is what
+    # upstream moved to (the picker answers the headers once the whole body is in). STREAMED cannot
+    # route on the body in Envoy 1.40: the upstream is picked as soon as the headers are answered.
+    request_body_mode: str = "BUFFERED"
+    # Show the picker every response (headers, and the body chunk by chunk, answered at once and
+    # unchanged) so it can count durations, sizes, errors and usage tokens per model.
+    response_processing: bool = True
 
     @classmethod
     def from_config(
@@ -230,18 +237,26 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "message_timeout": _duration(options.message_timeout_s),
             # BUFFERED body with SEND headers is the one mode where Envoy keeps Content-Length, and then
             # the picker must set it to the length of the body it returns (Envoy answers 500 on a
-            # mismatch). Responses go straight back to the client.
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "response_header_mode": "SKIP",
-                "request_body_mode": "BUFFERED",
-                "response_body_mode": "NONE",
-                "request_trailer_mode": "SKIP",
-                "response_trailer_mode": "SKIP",
-            },
+            # mismatch).
+            "processing_mode": _processing_mode(options),
             # Envoy drops dynamic metadata from the processor unless its namespace is listed here.
             "metadata_options": {"receiving_namespaces": {"untyped": [options.metadata_namespace]}},
         },
+    }
+
+
+def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
+    full_duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
+    return {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND" if options.response_processing else "SKIP",
+        "request_body_mode": options.request_body_mode,
+        # STREAMED, not FULL_DUPLEX_STREAMED: every chunk goes to the client as soon as the picker
+        # answers it with an empty reply, and the picker never holds response bytes.
+        "response_body_mode": "STREAMED" if options.response_processing else "NONE",
+        # In FULL_DUPLEX_STREAMED mode trailers can end the body, so the picker must see them.
+        "request_trailer_mode": "SEND" if full_duplex else "SKIP",
+        "response_trailer_mode": "SKIP",
     }
 
 

@@ -7,6 +7,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
 CONTENT_LENGTH = "Content-Length"
+# Envoy's limit for one streamed body mutation in FULL_DUPLEX_STREAMED mode is 64 KiB; upstream
+# sends 62,000-byte chunks.
+STREAMED_CHUNK_BYTES = 62_000
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
@@ -33,18 +36,53 @@ def request_headers_continue() -> pb.ProcessingResponse:
 
 
 def request_headers_routed(
-    endpoint: str, *, destination_header: str, metadata_namespace: str
+    endpoint: str, *, destination_header: str, metadata_namespace: str, content_length: int | None = None
 ) -> pb.ProcessingResponse:
-    """The answer to request headers that end the request (no body): the route goes here."""
+    """The answer to request headers that carries the route: for a request without a body, or (with
+    ``content_length``) for a FULL_DUPLEX_STREAMED body, whose header answer waits for the whole body."""
+    set_headers = [header(destination_header, endpoint)]
+    if content_length is not None:
+        set_headers.append(header(CONTENT_LENGTH, str(content_length)))
     response = pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(
             response=pb.CommonResponse(
-                clear_route_cache=True,
-                header_mutation=pb.HeaderMutation(set_headers=[header(destination_header, endpoint)]),
+                clear_route_cache=True, header_mutation=pb.HeaderMutation(set_headers=set_headers)
             )
         )
     )
     return with_destination_metadata(response, metadata_namespace, destination_header, endpoint)
+
+
+def request_body_streamed(body: bytes) -> list[pb.ProcessingResponse]:
+    """The whole body as FULL_DUPLEX_STREAMED answers: chunks of at most 62,000 bytes, the last marked
+    ``end_of_stream`` (one empty chunk for an empty body)."""
+    size = len(body)
+    starts = range(0, size, STREAMED_CHUNK_BYTES) if size else range(1)
+    return [
+        pb.ProcessingResponse(
+            request_body=pb.BodyResponse(
+                response=pb.CommonResponse(
+                    body_mutation=pb.BodyMutation(
+                        streamed_response=pb.StreamedBodyResponse(
+                            body=body[start : start + STREAMED_CHUNK_BYTES],
+                            end_of_stream=start + STREAMED_CHUNK_BYTES >= size,
+                        )
+                    )
+                )
+            )
+        )
+        for start in starts
+    ]
+
+
+def request_body_cleared() -> pb.ProcessingResponse:
+    """The answer to an early STREAMED chunk when the body is rewritten: drop it; the last chunk's answer
+    carries the whole new body."""
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(
+            response=pb.CommonResponse(body_mutation=pb.BodyMutation(clear_body=True))
+        )
+    )
 
 
 def request_body_routed(
@@ -94,6 +132,19 @@ def response_headers_continue() -> pb.ProcessingResponse:
 
 def response_body_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse())
+
+
+def response_body_echo(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    """A FULL_DUPLEX_STREAMED response chunk handed back unchanged (that mode needs every byte back)."""
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+                )
+            )
+        )
+    )
 
 
 def response_trailers_continue() -> pb.ProcessingResponse:

@@ -8,21 +8,45 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from pointsman_picker.extproc.stream import ErrorSink, Phase, RequestStream, Route, StreamSettings
+from pointsman_picker.extproc.stream import (
+    Clock,
+    CompletionSink,
+    ErrorSink,
+    Phase,
+    RequestStream,
+    Route,
+    StreamSettings,
+)
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, route: Route, settings: StreamSettings, *, on_error: ErrorSink) -> None:
+    def __init__(
+        self,
+        route: Route,
+        settings: StreamSettings,
+        *,
+        on_error: ErrorSink,
+        on_complete: CompletionSink,
+        clock: Clock,
+    ) -> None:
         self._route = route
         self._settings = settings
         self._on_error = on_error
+        self._on_complete = on_complete
+        self._clock = clock
         self.open_streams = 0
         self.unfinished_streams = 0
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self._route, self._settings, on_error=self._on_error)
+        stream = RequestStream(
+            self._route,
+            self._settings,
+            on_error=self._on_error,
+            on_complete=self._on_complete,
+            clock=self._clock,
+        )
         self.open_streams += 1
         try:
             async for message in request_iterator:

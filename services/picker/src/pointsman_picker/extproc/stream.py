@@ -1,12 +1,23 @@
 """The per-stream state machine of one ext_proc stream (one HTTP request), apart from gRPC.
 
     HEADERS --headers, end_of_stream--> route without a body --> ROUTED
-    HEADERS --headers--> BODY --chunks ... end_of_stream--> route --> ROUTED
+    HEADERS --headers--> BODY --chunks ... end_of_stream--> route --> ROUTED --response...--> DONE
     any error (400/404/413/429/500/503) --> FAILED (an ImmediateResponse was sent)
 
-Body chunks accumulate until ``end_of_stream`` (or until the one message of a BUFFERED body, when
-Envoy announces its processing mode), capped at ``max_body_bytes`` (413). After the decision,
-response-side messages get empty replies.
+Body chunks accumulate until ``end_of_stream`` (or trailers, or the one message of a BUFFERED body),
+capped at ``max_body_bytes`` (413). How the decision is answered depends on the body mode Envoy
+announces in ``protocol_config``:
+
+- BUFFERED: headers answered at once; the body answer carries the route, Content-Length and the body.
+- STREAMED: headers answered at once; every chunk's answer is held until the last, then all go out in
+  order: earlier chunks cleared when the body is rewritten, the last one carrying route and body.
+  (Envoy 1.40 picks the upstream as soon as the headers are answered in this mode, so a body that
+  arrives after its headers cannot steer the route: use BUFFERED or FULL_DUPLEX_STREAMED.)
+- FULL_DUPLEX_STREAMED: nothing is answered until the body is complete; then the header answer
+  (route, Content-Length), then the body in chunks of at most 62,000 bytes.
+
+When Envoy also sends the response, it is counted (status, sizes, duration, usage tokens) and passed
+through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends.
 """
 
 from __future__ import annotations
@@ -24,11 +35,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from pointsman_picker.director import Routing
 from pointsman_picker.errors import BodyTooLarge, Internal, PickerError, error_response
 from pointsman_picker.extproc import responses
+from pointsman_picker.extproc.usage import Usage, UsageScanner
 
 REQUEST_ID_HEADER = "x-request-id"
-_WHOLE_BODY_MODES = frozenset(
-    {processing_mode_pb2.ProcessingMode.BUFFERED, processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL}
-)
+_MODE = processing_mode_pb2.ProcessingMode
+_WHOLE_BODY_MODES = frozenset({_MODE.BUFFERED, _MODE.BUFFERED_PARTIAL})
+_EVENT_STREAM = "text/event-stream"
 
 # Load and availability answers (429, 503) can come by the thousand: metrics count them, DEBUG logs them.
 _LOG_LEVELS = {429: logging.DEBUG, 503: logging.DEBUG, 500: logging.WARNING}
@@ -36,6 +48,23 @@ _MAX_REQUEST_ID = 128
 
 Route = Callable[[bytes | None], Routing]
 ErrorSink = Callable[[PickerError], None]
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One routed request whose response Envoy showed the picker, from request headers to response end."""
+
+    model: str
+    target: str
+    status: int
+    duration: float
+    request_bytes: int
+    response_bytes: int
+    usage: Usage | None
+
+
+CompletionSink = Callable[[Completion], None]
 
 log = logging.getLogger("pointsman_picker.stream")
 
@@ -44,6 +73,7 @@ class Phase(enum.Enum):
     HEADERS = "headers"
     BODY = "body"
     ROUTED = "routed"
+    DONE = "done"  # the response ended too
     FAILED = "failed"
 
 
@@ -62,25 +92,42 @@ class RequestLog(logging.LoggerAdapter[logging.Logger]):
 
 
 class RequestStream:
-    def __init__(self, route: Route, settings: StreamSettings, *, on_error: ErrorSink) -> None:
+    def __init__(
+        self,
+        route: Route,
+        settings: StreamSettings,
+        *,
+        on_error: ErrorSink,
+        on_complete: CompletionSink | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self._route = route
         self._settings = settings
         self._on_error = on_error
+        self._on_complete = on_complete
+        self._clock = clock
         self.phase = Phase.HEADERS
         self.request_id = "-"
         self.log = RequestLog(log, {"request_id": self.request_id})
         self._chunks: list[bytes] = []
         self._size = 0
-        self._whole_body_messages = False
+        self._body_mode: int = _MODE.NONE
+        self._response_body_mode: int = _MODE.NONE
+        self._started = 0.0
+        self._routing: Routing | None = None
+        self._status = 0
+        self._response_bytes = 0
+        self._usage: UsageScanner | None = None
 
     @property
     def failed(self) -> bool:
         return self.phase is Phase.FAILED
 
     def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        """The responses to send for one message, in order (usually exactly one)."""
+        """The responses to send for one message, in order (none while a streamed body accumulates)."""
         if message.HasField("protocol_config"):
-            self._whole_body_messages = message.protocol_config.request_body_mode in _WHOLE_BODY_MODES
+            self._body_mode = message.protocol_config.request_body_mode
+            self._response_body_mode = message.protocol_config.response_body_mode
         if self.phase is Phase.FAILED:
             return []
         kind = message.WhichOneof("request")
@@ -91,21 +138,26 @@ class RequestStream:
         if kind == "request_trailers":
             return self._on_trailers()
         if kind == "response_headers":
-            return [responses.response_headers_continue()]
+            return self._on_response_headers(message.response_headers)
         if kind == "response_body":
-            return [responses.response_body_continue()]
+            return self._on_response_body(message.response_body)
         if kind == "response_trailers":
+            self._complete()
             return [responses.response_trailers_continue()]
         return []
 
     def _on_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.HEADERS:
             return self._fail(Internal("request headers arrived twice on one stream"))
+        if self._clock is not None:
+            self._started = self._clock()
         self.request_id = (_header(headers, REQUEST_ID_HEADER) or str(uuid.uuid4()))[:_MAX_REQUEST_ID]
         self.log = RequestLog(log, {"request_id": self.request_id})
         if headers.end_of_stream:
             return self._decide(None)
         self.phase = Phase.BODY
+        if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
+            return []  # the header answer carries the route, so it waits for the whole body
         return [responses.request_headers_continue()]
 
     def _on_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
@@ -118,25 +170,26 @@ class RequestStream:
         if self._size > self._settings.max_body_bytes:
             return self._fail(BodyTooLarge(f"request body exceeds {self._settings.max_body_bytes} bytes"))
         self._chunks.append(body.body)
-        if body.end_of_stream or self._whole_body_messages:
-            return self._decide(self._take_body())
+        if body.end_of_stream or self._body_mode in _WHOLE_BODY_MODES:
+            return self._decide_body()
         return []
 
     def _on_trailers(self) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.BODY:
             return [responses.request_trailers_continue()]
         # Trailers end the body: route with what arrived.
-        answers = self._decide(self._take_body())
+        answers = self._decide_body()
         if not self.failed:
             answers.append(responses.request_trailers_continue())
         return answers
 
-    def _take_body(self) -> bytes:
-        body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+    def _decide_body(self) -> list[pb.ProcessingResponse]:
+        chunks = len(self._chunks)
+        body = self._chunks[0] if chunks == 1 else b"".join(self._chunks)
         self._chunks = []
-        return body
+        return self._decide(body, chunks)
 
-    def _decide(self, body: bytes | None) -> list[pb.ProcessingResponse]:
+    def _decide(self, body: bytes | None, chunks: int = 1) -> list[pb.ProcessingResponse]:
         try:
             routing = self._route(body)
         except PickerError as exc:
@@ -145,6 +198,7 @@ class RequestStream:
             self.log.exception("routing failed")
             return self._fail(Internal("internal error"))
         self.phase = Phase.ROUTED
+        self._routing = routing
         settings = self._settings
         self.log.debug("model %r -> %r routed to %s", routing.model, routing.target, routing.endpoint)
         if routing.body is None:
@@ -155,15 +209,73 @@ class RequestStream:
                     metadata_namespace=settings.metadata_namespace,
                 )
             ]
+        if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
+            return [
+                responses.request_headers_routed(
+                    routing.endpoint,
+                    destination_header=settings.destination_header,
+                    metadata_namespace=settings.metadata_namespace,
+                    content_length=len(routing.body),
+                ),
+                *responses.request_body_streamed(routing.body),
+            ]
+        # STREAMED: one answer per chunk, in order. Earlier chunks are dropped when the last answer
+        # carries a rewritten body; else they pass as they are.
+        earlier = responses.request_body_cleared if routing.rewritten else responses.request_body_continue
         return [
+            *(earlier() for _ in range(chunks - 1)),
             responses.request_body_routed(
                 routing.endpoint,
                 routing.body,
                 rewritten=routing.rewritten,
                 destination_header=settings.destination_header,
                 metadata_namespace=settings.metadata_namespace,
-            )
+            ),
         ]
+
+    def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        status = _header(headers, ":status")
+        self._status = int(status) if status and status.isdigit() else 0
+        content_type = _header(headers, "content-type") or ""
+        self._usage = UsageScanner(
+            event_stream=content_type.startswith(_EVENT_STREAM), max_bytes=self._settings.max_body_bytes
+        )
+        if headers.end_of_stream:
+            self._complete()
+        return [responses.response_headers_continue()]
+
+    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        chunk = body.body
+        self._response_bytes += len(chunk)
+        if self._usage is not None:
+            self._usage.feed(chunk)
+        if body.end_of_stream:
+            self._complete()
+        if self._response_body_mode == _MODE.FULL_DUPLEX_STREAMED:
+            return [responses.response_body_echo(chunk, body.end_of_stream)]
+        return [responses.response_body_continue()]
+
+    def _complete(self) -> None:
+        """Report the finished exchange once (the response ended: body, trailers or header-only)."""
+        routing = self._routing
+        if self.phase is not Phase.ROUTED or routing is None:
+            return
+        self.phase = Phase.DONE
+        if self._on_complete is None:
+            return
+        usage = self._usage.finish() if self._usage is not None else None
+        duration = self._clock() - self._started if self._clock is not None else 0.0
+        self._on_complete(
+            Completion(
+                model=routing.model,
+                target=routing.target,
+                status=self._status,
+                duration=duration,
+                request_bytes=len(routing.body) if routing.body is not None else 0,
+                response_bytes=self._response_bytes,
+                usage=usage,
+            )
+        )
 
     def _fail(self, error: PickerError) -> list[pb.ProcessingResponse]:
         self.phase = Phase.FAILED

@@ -1,0 +1,106 @@
+"""The ext_proc protocol through a real Envoy: response-side counting (the stack's Envoy shows the
+picker every response) and FULL_DUPLEX_STREAMED request bodies (a second Envoy, same picker)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from integration_kit import POD_HEADER, Pool, completion
+from prometheus_client.parser import text_string_to_metric_families
+
+from pointsman_devstack import envoy
+from pointsman_devstack.process import ManagedProcess
+from pointsman_devstack.readiness import http_ok, wait_ready
+from pointsman_devstack.redis_server import free_port
+from pointsman_devstack.stack import LOOPBACK, Stack
+from pointsman_shared.config import join_host_port
+
+pytestmark = pytest.mark.integration
+
+LABELS = {"model_name": "sql-lora", "target_model_name": "sql-lora"}
+
+
+def picker_samples(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"http://127.0.0.1:{stack.ports.picker_metrics}/metrics", timeout=5).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float:
+    return samples.get((name, tuple(sorted(LABELS.items()))), 0.0)
+
+
+def test_usage_of_json_and_sse_responses_is_counted(gateway: httpx.Client, stack: Stack, pool: Pool) -> None:
+    before = picker_samples(stack)
+    plain = gateway.post("/v1/completions", json=completion("sql-lora", max_tokens=5))
+    assert plain.status_code == 200, plain.text
+    request = completion("sql-lora", max_tokens=8, stream=True, stream_options={"include_usage": True})
+    with gateway.stream("POST", "/v1/completions", json=request) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    # The stream reached the client whole: every event, the usage chunk, then [DONE].
+    assert events[-1] == "data: [DONE]"
+    usage = json.loads(events[-2].removeprefix("data: "))["usage"]
+    assert usage["completion_tokens"] == 8
+    after = picker_samples(stack)
+
+    def delta(name: str) -> float:
+        return sample(after, name) - sample(before, name)
+
+    assert delta("inference_model_request_duration_seconds_count") == 2
+    assert delta("inference_model_request_sizes_count") == 2
+    assert delta("inference_model_response_sizes_sum") == len(plain.content) + sum(len(e) + 2 for e in events)
+    assert delta("inference_model_output_tokens_sum") == 5 + 8
+    assert (
+        delta("inference_model_input_tokens_sum")
+        == plain.json()["usage"]["prompt_tokens"] + usage["prompt_tokens"]
+    )
+
+
+@pytest.fixture(scope="module")
+def full_duplex_gateway(stack: Stack) -> Iterator[httpx.Client]:
+    """A second Envoy in front of the same picker, sending request bodies FULL_DUPLEX_STREAMED."""
+    run_dir: Path = stack.run_dir / "envoy-full-duplex"
+    run_dir.mkdir(exist_ok=True)
+    gateway, admin = join_host_port(LOOPBACK, free_port()), join_host_port(LOOPBACK, free_port())
+    options = envoy.EnvoyOptions(
+        gateway_listen=gateway,
+        admin_listen=admin,
+        pickers=(join_host_port(LOOPBACK, stack.ports.picker),),
+        request_body_mode="FULL_DUPLEX_STREAMED",
+    )
+    path = envoy.write_bootstrap(options, run_dir / "envoy.yaml")
+    argv = [envoy.find_envoy(), "-c", str(path), "--disable-hot-restart", "--concurrency", "1"]
+    process = ManagedProcess("envoy-full-duplex", argv, env={}, log_path=run_dir / "envoy.log")
+    try:
+        with httpx.Client(timeout=1.0) as probe:
+            wait_ready(process, http_ok(probe, f"http://{admin}/ready"), timeout=30, what="admin /ready")
+        with httpx.Client(base_url=f"http://{gateway}", timeout=30.0) as client:
+            yield client
+    finally:
+        process.stop(5.0)
+
+
+def chunked(data: bytes, size: int) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+@pytest.mark.parametrize("prompt_bytes", [10, 200_000])
+def test_a_full_duplex_body_in_many_chunks_is_routed_and_rewritten(
+    full_duplex_gateway: httpx.Client, stack: Stack, pool: Pool, prompt_bytes: int
+) -> None:
+    # tweet-summary always resolves to another name, so the body is rewritten (and, when big, sent
+    # back to Envoy in several 62,000-byte chunks).
+    data = json.dumps(completion("tweet-summary", prompt="x" * prompt_bytes)).encode()
+    response = full_duplex_gateway.post("/v1/completions", content=chunked(data, 16_384))
+    assert response.status_code == 200, response.text
+    assert response.headers[POD_HEADER] in stack.pod_addresses
+    assert response.json()["model"].startswith("tweet-summary-")
