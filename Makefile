@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := shared services/collector services/picker services/simulator tools/devstack
 CONFIG ?= config/local.yaml
 
-.PHONY: help install run test test-unit test-integration lint fmt bench clean
+.PHONY: help install run test test-unit test-integration lint fmt bench clean up down
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -47,6 +47,13 @@ test: lint test-unit test-integration ## lint + unit + integration tests
 
 bench: install ## run the benchmarks (results in bench/results/)
 	$(BIN)/python bench/decision_cost.py
+
+up: ## docker compose: build the images, start the whole stack, wait until every service is healthy
+	docker compose up --build --detach --wait
+	@echo "gateway: http://localhost:8080   grafana: http://localhost:3000   prometheus: http://localhost:9090"
+
+down: ## docker compose: stop and remove the stack
+	docker compose down --remove-orphans
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

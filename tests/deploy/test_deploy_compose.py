@@ -1,0 +1,132 @@
+"""docker-compose.yaml: health checks and start order, build paths and mounts that exist, no port clashes,
+and the compose pieces (Pointsman config, Envoy bootstrap, Prometheus targets) agreeing with each other."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import pytest
+from deploy_kit import COMPOSE_FILE, REPO, load_yaml
+
+from pointsman_devstack import compose
+from pointsman_devstack.stack import served_models
+from pointsman_shared.config import load_config, split_host_port
+
+COMPOSE = load_yaml(COMPOSE_FILE)
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+CONFIG_PATH = "deploy/compose/pointsman.yaml"
+CONFIG = load_config(REPO / CONFIG_PATH, environ={})
+SIMS = sorted(name for name in SERVICES if name.startswith("sim-"))
+
+
+def _host_ports(service: dict[str, Any]) -> list[tuple[str, int]]:
+    published = []
+    for spec in service.get("ports", []):
+        parts = str(spec).split(":")
+        host = parts[0] if len(parts) == 3 else "0.0.0.0"
+        published.append((host, int(parts[-2])))
+    return published
+
+
+def _mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(spec.split(":")[0], spec.split(":")[1]) for spec in service.get("volumes", [])]
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_has_a_health_check(name: str) -> None:
+    check = SERVICES[name].get("healthcheck", {})
+    assert check.get("test"), name
+    assert not check.get("disable"), name
+    assert check["test"][0] == "CMD", "exec form: no shell needed in the image"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_has_a_pinned_image_or_a_build_that_exists(name: str) -> None:
+    service = SERVICES[name]
+    if "build" in service:
+        build = service["build"]
+        assert (REPO / build["context"] / build["dockerfile"]).is_file()
+    else:
+        image = service["image"]
+        assert ":" in image, f"{name}: pin {image} by version"
+        assert not image.endswith((":latest", ":main")), f"{name}: pin {image} by version"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_mounted_files_exist(name: str) -> None:
+    for source, _target in _mounts(SERVICES[name]):
+        assert source.startswith("./"), f"{name}: {source} should be a repository path"
+        assert (REPO / source).exists(), f"{name} mounts {source}, which does not exist"
+
+
+def test_published_ports_do_not_clash() -> None:
+    published = [port for service in SERVICES.values() for _host, port in _host_ports(service)]
+    assert len(published) == len(set(published)), published
+
+
+def test_start_order_waits_for_health() -> None:
+    for name, service in SERVICES.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
+            assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
+    assert set(SERVICES["envoy"]["depends_on"]) == set(compose.COMPOSE_PICKERS)
+    for picker in compose.COMPOSE_PICKERS:
+        assert set(SERVICES[picker]["depends_on"]) >= {"collector", "redis"}
+    assert set(SERVICES["collector"]["depends_on"]) >= {"redis", *SIMS}
+
+
+def test_pointsman_services_run_read_only_and_mount_the_compose_config() -> None:
+    for name in ("collector", *compose.COMPOSE_PICKERS, *SIMS):
+        assert SERVICES[name]["read_only"] is True, name
+        assert SERVICES[name]["cap_drop"] == ["ALL"], name
+    for name in ("collector", *compose.COMPOSE_PICKERS):
+        assert (f"./{CONFIG_PATH}", "/etc/pointsman/config.yaml") in _mounts(SERVICES[name])
+
+
+def test_pool_endpoints_are_the_simulator_containers_fixed_addresses() -> None:
+    subnet = ipaddress.ip_network(COMPOSE["networks"]["pointsman"]["ipam"]["config"][0]["subnet"])
+    addresses = [SERVICES[name]["networks"]["pointsman"]["ipv4_address"] for name in SIMS]
+    assert len(SIMS) == 3
+    assert all(ipaddress.ip_address(a) in subnet for a in addresses)
+    assert list(CONFIG.pool.endpoints) == [f"{a}:8000" for a in addresses]
+
+
+@pytest.mark.parametrize("name", SIMS)
+def test_simulator_pods_serve_what_the_models_resolve_to(name: str) -> None:
+    base, adapters = served_models(CONFIG)
+    args = dict(arg.removeprefix("--").split("=", 1) for arg in SERVICES[name]["command"])
+    assert args["model"] == base
+    assert args["adapters"].split(",") == list(adapters)
+    assert args["pod-names"] == name
+
+
+def test_envoy_mounts_the_generated_bootstrap_and_it_is_up_to_date() -> None:
+    assert ("./deploy/envoy/envoy-compose.yaml", "/etc/envoy/envoy.yaml") in _mounts(SERVICES["envoy"])
+    expected = compose.compose_config(CONFIG_PATH, root=REPO)
+    actual = (REPO / "deploy/envoy/envoy-compose.yaml").read_text(encoding="utf-8")
+    assert actual == expected, "regenerate: .venv/bin/python -m pointsman_devstack.compose"
+
+
+def test_envoy_reaches_every_picker_replica_by_name() -> None:
+    bootstrap = compose.compose_bootstrap(compose.compose_options(CONFIG))
+    (cluster,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "pointsman_picker"]
+    assert cluster["type"] == "STRICT_DNS"
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    dialled = {e["endpoint"]["address"]["socket_address"]["address"] for e in endpoints}
+    assert dialled == set(compose.COMPOSE_PICKERS)
+    assert dialled <= set(SERVICES)
+
+
+def test_prometheus_scrapes_collector_pickers_and_pods_where_they_listen() -> None:
+    jobs = {
+        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+        for job in load_yaml(REPO / "deploy/prometheus/prometheus.yaml")["scrape_configs"]
+    }
+    collector_port = split_host_port(CONFIG.collector.listen)[1]
+    picker_port = split_host_port(CONFIG.picker.metrics_listen)[1]
+    assert jobs["collector"] == [f"collector:{collector_port}"]
+    assert jobs["picker"] == [f"{p}:{picker_port}" for p in compose.COMPOSE_PICKERS]
+    assert jobs["pods"] == [f"{name}:8000" for name in SIMS]
+    for targets in jobs.values():
+        assert {t.split(":")[0] for t in targets} <= set(SERVICES)
