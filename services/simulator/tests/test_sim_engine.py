@@ -204,3 +204,118 @@ def test_kv_usage_counts_whole_blocks() -> None:
     e = engine(R("r", prompt=BLOCK_SIZE + 1, out=2), blocks=10)
     e.step(0.0)
     assert e.kv_usage == pytest.approx(2 / 10)
+
+
+def v0_engine(*requests: R, blocks: int = 1000) -> Engine:
+    config = EngineConfig(
+        num_gpu_blocks=blocks, max_num_seqs=8, max_loras=2, chunked_prefill=False, max_num_batched_tokens=4096
+    )
+    e = Engine(config)
+    submit(e, *requests)
+    return e
+
+
+def test_chunked_prefill_splits_a_long_prompt_and_keeps_decodes_going() -> None:
+    e = Engine(EngineConfig(max_num_batched_tokens=100))
+    submit(e, R("short", prompt=10, out=10))
+    now = e.step(0.0).ends_at
+    submit(e, R("long", prompt=250, out=2), now=now)
+    firsts = []
+    while "long" not in (result := e.step(now)).tokens:
+        assert "short" in result.tokens  # decoding goes on beside the prompt's chunks
+        firsts.append(result)
+        now = result.ends_at
+    assert len(firsts) == 2  # 99 + 99 tokens, then the last 52 and the first token
+
+
+def test_v0_scheduler_runs_prefill_steps_apart_from_decode_steps() -> None:
+    e = v0_engine(R("first", prompt=10, out=10))
+    now = e.step(0.0).ends_at
+    submit(e, R("second", prompt=10, out=10), now=now)
+    prefill = e.step(now)
+    assert set(prefill.tokens) == {"second"}  # "first" does not decode in a prefill step
+    assert prefill.duration == pytest.approx(
+        StepTimeModel().prefill_step_seconds(prefill_tokens=10, adapters=0)
+    )
+    assert set(e.step(prefill.ends_at).tokens) == {"first", "second"}
+
+
+def test_v0_prefill_step_has_a_floor() -> None:
+    model = StepTimeModel(prefill_min_ms=40.0, prefill_fixed_ms=19.7, prefill_tokens_per_s=14_800)
+    assert model.prefill_step_seconds(prefill_tokens=10, adapters=0) == pytest.approx(0.040)
+    assert model.prefill_step_seconds(prefill_tokens=2000, adapters=0) * 1000 == pytest.approx(154.8, abs=0.1)
+
+
+def test_v0_rejects_a_request_longer_than_the_token_budget() -> None:
+    with pytest.raises(RequestRejected):
+        v0_engine(R("r", prompt=4000, out=200))
+
+
+def lora_engine(max_loras: int, max_cpu_loras: int | None) -> Engine:
+    return Engine(EngineConfig(max_loras=max_loras, max_cpu_loras=max_cpu_loras))
+
+
+def run_one(e: Engine, request: R, now: float) -> float:
+    """Run a request alone to the end; return when it ended."""
+    submit(e, request, now=now)
+    return run_to_end(e, now)
+
+
+@pytest.mark.parametrize(
+    ("max_loras", "max_cpu_loras", "adapters", "disk", "cpu", "evictions", "cpu_evictions"),
+    [
+        pytest.param(1, 1, "abab", 4, 0, 3, 3, id="one-slot-one-cpu-every-switch-from-disk"),
+        pytest.param(1, 2, "abab", 2, 2, 3, 0, id="cpu-cache-serves-the-return"),
+        pytest.param(2, 2, "abab", 2, 0, 0, 0, id="both-stay-resident"),
+        pytest.param(2, 3, "abcab", 3, 2, 3, 0, id="lru-idle-adapter-evicted"),
+    ],
+)
+def test_counts_adapter_loads_and_evictions(
+    max_loras: int, max_cpu_loras: int, adapters: str, disk: int, cpu: int, evictions: int, cpu_evictions: int
+) -> None:
+    e = lora_engine(max_loras, max_cpu_loras)
+    now = 0.0
+    for i, adapter in enumerate(adapters):
+        now = run_one(e, R(f"r{i}", adapter=adapter), now)
+    totals = e.totals()
+    assert (totals.lora_loads_from_disk, totals.lora_loads_from_cpu) == (disk, cpu)
+    assert (totals.lora_evictions, totals.lora_cpu_evictions) == (evictions, cpu_evictions)
+    assert len(e.gpu_adapters) <= max_loras
+    assert e.gpu_adapters <= e.cpu_adapters
+
+
+@pytest.mark.parametrize(
+    ("warm", "extra_ms"),
+    [
+        pytest.param(None, 57 + 2.9 * 16 + 9, id="from-disk"),
+        pytest.param("b", 9.0, id="from-cpu-cache"),
+    ],
+)
+def test_adapter_load_lengthens_the_admitting_step(warm: str | None, extra_ms: float) -> None:
+    e = lora_engine(1, 2)
+    now = 0.0
+    if warm:  # load a, then b (a moves to the CPU cache only)
+        now = run_one(e, R("w1", adapter="a"), now)
+        now = run_one(e, R("w2", adapter=warm), now)
+    submit(e, R("r", adapter="a", out=2), now=now)
+    loading = e.step(now)
+    plain = e.config.step_time.step_seconds(decoding=0, kv_tokens=16, prefill_tokens=16, adapters=1)
+    assert (loading.duration - plain) * 1000 == pytest.approx(extra_ms)
+
+
+def test_unload_adapter_only_when_idle() -> None:
+    e = lora_engine(1, 1)
+    submit(e, R("r", adapter="a", out=3))
+    e.step(0.0)
+    assert not e.unload_adapter("a")
+    run_to_end(e)
+    assert e.unload_adapter("a")
+    assert e.gpu_adapters == frozenset() == e.cpu_adapters
+
+
+def test_later_tokens_count_only_tokens_after_a_first() -> None:
+    e = engine(R("r1", out=3))
+    first = e.step(0.0)
+    submit(e, R("r2", out=3), now=first.ends_at)
+    second = e.step(first.ends_at)
+    assert (first.later_tokens, len(second.tokens), second.later_tokens) == (0, 2, 1)

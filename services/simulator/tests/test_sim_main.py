@@ -56,9 +56,43 @@ def test_engine_flags_reach_the_engine_config() -> None:
         pytest.param(["--ports", "1,2", "--pod-names", "a"], id="names-per-port"),
         pytest.param(["--adapters", "a,a"], id="repeated-adapter"),
         pytest.param(["--max-num-seqs", "0"], id="no-batch"),
+        pytest.param(["--max-loras", "4", "--max-cpu-loras", "2"], id="cpu-cache-below-slots"),
     ],
 )
 def test_pod_specs_rejects(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     with pytest.raises(ValueError):  # noqa: PT011  # the message is for humans
         pod_specs(args, requested_ports(args))
+
+
+@pytest.mark.parametrize(
+    ("argv", "model", "chunked", "max_loras", "max_num_seqs"),
+    [
+        pytest.param([], "meta-llama/Llama-3.1-8B-Instruct", True, 1, 1024, id="default-profile"),
+        pytest.param(["--profile", "llama-2-7b-a100"], "meta-llama/Llama-2-7b-hf", False, 1, 256, id="a100"),
+        pytest.param(
+            ["--profile", "llama-2-7b-a100", "--model", "m", "--max-loras", "3", "--max-num-seqs", "9"],
+            "m",
+            False,
+            3,
+            9,
+            id="flags-override-the-profile",
+        ),
+    ],
+)
+def test_profile_sets_the_engine(
+    argv: list[str], model: str, chunked: bool, max_loras: int, max_num_seqs: int
+) -> None:
+    (spec,) = pod_specs(build_parser().parse_args(argv), [8000])
+    assert (spec.model, spec.engine.chunked_prefill) == (model, chunked)
+    assert (spec.engine.max_loras, spec.engine.max_num_seqs) == (max_loras, max_num_seqs)
+
+
+def test_metrics_flags_reach_the_pod_spec() -> None:
+    argv = ["--metrics-version", "v0", "--lora-info-labels", "current", "--max-cpu-loras", "3"]
+    (spec,) = pod_specs(build_parser().parse_args(argv), [8000])
+    assert (spec.metrics_version, spec.lora_info_labels, spec.engine.cpu_lora_capacity) == (
+        "v0",
+        "current",
+        3,
+    )

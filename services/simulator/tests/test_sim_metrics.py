@@ -7,7 +7,7 @@ import pytest
 
 from pointsman_shared.model_server import PRESETS, LoraState, read_page
 from pointsman_shared.promparse import read_samples
-from pointsman_sim.engine import FinishedRequest, Totals
+from pointsman_sim.engine import FinishedRequest, StepResult, Totals
 from pointsman_sim.metrics import Histogram, Load, LoraInfoSeries, PodMetrics
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "tests" / "data" / "vllm-metrics"
@@ -189,3 +189,62 @@ def test_finished_requests_feed_ttft_and_e2e() -> None:
     )
     assert samples["vllm:time_to_first_token_seconds_count"][0].value == 1.0
     assert samples["vllm:e2e_request_latency_seconds_sum"][0].value == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("version", "present", "absent"),
+    [
+        pytest.param(
+            "current",
+            {"vllm:kv_cache_usage_perc", "vllm:inter_token_latency_seconds"},
+            {"vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds"},
+            id="current",
+        ),
+        pytest.param(
+            "v0",
+            {"vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds"},
+            {"vllm:kv_cache_usage_perc", "vllm:inter_token_latency_seconds"},
+            id="v0",
+        ),
+    ],
+)
+def test_metrics_version_picks_the_names(version: str, present: set[str], absent: set[str]) -> None:
+    text = PodMetrics(MODEL, num_gpu_blocks=100, version=version).render(load(kv=0.25), TOTALS)
+    names = set(_headers(text))
+    assert present <= names
+    assert not absent & names
+    assert read_page(text, VLLM).kv_cache_usage == 0.25  # Pointsman's parser reads either name
+
+
+@pytest.mark.parametrize(
+    ("semantics", "running_label", "waiting_label"),
+    [
+        pytest.param("v0", "a", "b", id="v0-distinct-sets"),
+        pytest.param("current", "a,b", "a,b", id="current-same-set"),
+    ],
+)
+def test_lora_label_semantics(semantics: str, running_label: str, waiting_label: str) -> None:
+    series = LoraInfoSeries(semantics)
+    series.observe(2, ["a"], ["b"], 5.0)
+    (sample,) = read_samples(series.render(), ["vllm:lora_requests_info"])["vllm:lora_requests_info"]
+    assert (sample.labels["running_lora_adapters"], sample.labels["waiting_lora_adapters"]) == (
+        running_label,
+        waiting_label,
+    )
+
+
+def test_steps_feed_inter_token_latency_for_tokens_after_the_first() -> None:
+    metrics = PodMetrics(MODEL, num_gpu_blocks=100)
+    finished = FinishedRequest("r", 10, 2, arrived_at=0.0, first_token_at=0.02, finished_at=0.03)
+    metrics.observe_step(StepResult(0.02, 0.01, {"r": 1, "s": 1}, (finished,), (), later_tokens=1))
+    samples = read_samples(
+        metrics.render(load(), TOTALS),
+        [
+            "vllm:inter_token_latency_seconds_count",
+            "vllm:inter_token_latency_seconds_sum",
+            "vllm:e2e_request_latency_seconds_count",
+        ],
+    )
+    assert samples["vllm:inter_token_latency_seconds_count"][0].value == 1.0
+    assert samples["vllm:inter_token_latency_seconds_sum"][0].value == pytest.approx(0.01)
+    assert samples["vllm:e2e_request_latency_seconds_count"][0].value == 1.0

@@ -3,18 +3,23 @@
 Flags follow vLLM's names where vLLM has one::
 
     pointsman-sim --ports 8001,8002,8003 --adapters tweet-summary-0,tweet-summary-1,sql-lora --max-loras 2
+
+The engine's constants come from ``--profile`` (a GPU, a model and a vLLM version); the vLLM-named
+flags override the profile's value where given.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from pointsman_sim.engine import EngineConfig
+from pointsman_sim.metrics import LORA_LABEL_SEMANTICS, METRICS_VERSIONS
 from pointsman_sim.pod import DEFAULT_MODEL, PodSpec, SimPod
+from pointsman_sim.profiles import DEFAULT_PROFILE, ProfileError, load_profile, profile_names
 from pointsman_sim.servers import bind, serve_pods
 
 logger = logging.getLogger("pointsman_sim")
@@ -45,7 +50,6 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = EngineConfig()
     parser = argparse.ArgumentParser(
         prog="pointsman-sim",
         description="Simulated vLLM pods: OpenAI API, vLLM /metrics, continuous batching with LoRA slots.",
@@ -59,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_names,
         help="comma-separated names for the x-pointsman-pod header, one per port (default host:port)",
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="base model name (default %(default)s)")
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        choices=profile_names(),
+        help="engine constants: GPU, model and vLLM version (default %(default)s)",
+    )
+    parser.add_argument("--model", help="base model name (default: the profile's)")
     parser.add_argument("--adapters", type=_names, default=[], help="comma-separated LoRA adapter names")
     parser.add_argument(
         "--lora-modules",
@@ -68,16 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[=PATH]",
         help="LoRA adapters the vLLM way (paths are ignored); adds to --adapters",
     )
-    parser.add_argument("--max-loras", type=int, default=defaults.max_loras, help="default %(default)s")
-    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="default %(default)s")
+    for flag, what in (
+        ("--max-loras", "adapters in GPU slots"),
+        ("--max-cpu-loras", "adapters in the CPU cache"),
+        ("--max-num-seqs", "requests in a batch"),
+        ("--max-num-batched-tokens", "tokens computed per step"),
+        ("--num-gpu-blocks-override", "KV-cache blocks of 16 tokens"),
+        ("--max-model-len", "context length"),
+    ):
+        parser.add_argument(flag, type=int, help=f"{what} (default: the profile's)")
     parser.add_argument(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=defaults.num_gpu_blocks,
-        help="KV-cache blocks of 16 tokens (default %(default)s)",
+        "--metrics-version",
+        default="current",
+        choices=METRICS_VERSIONS,
+        help="v0: the old metric names such as vllm:gpu_cache_usage_perc (default %(default)s)",
     )
     parser.add_argument(
-        "--max-model-len", type=int, default=defaults.max_model_len, help="default %(default)s"
+        "--lora-info-labels",
+        default="v0",
+        choices=LORA_LABEL_SEMANTICS,
+        help="vllm:lora_requests_info labels. v0: running and waiting adapters apart; current: "
+        "both labels list every active adapter (default %(default)s)",
     )
     parser.add_argument(
         "--speedup",
@@ -107,14 +128,32 @@ def pod_specs(args: argparse.Namespace, ports: Sequence[int]) -> list[PodSpec]:
         *args.adapters,
         *(name for module in args.lora_modules for name in _lora_module_names(module)),
     ]
-    engine = EngineConfig(
-        num_gpu_blocks=args.num_gpu_blocks_override,
-        max_num_seqs=args.max_num_seqs,
-        max_loras=args.max_loras,
-        max_model_len=args.max_model_len,
-    )
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        raise ValueError(str(exc)) from exc
+    overrides = {
+        "num_gpu_blocks": args.num_gpu_blocks_override,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_loras": args.max_loras,
+        "max_cpu_loras": args.max_cpu_loras,
+        "max_model_len": args.max_model_len,
+    }
+    engine = dataclasses.replace(profile.engine, **{k: v for k, v in overrides.items() if v is not None})
+    if args.max_cpu_loras is None and engine.max_cpu_loras is not None:
+        # A profile's CPU cache smaller than the --max-loras asked for grows with it, as vLLM's does.
+        engine = dataclasses.replace(engine, max_cpu_loras=max(engine.max_cpu_loras, engine.max_loras))
     return [
-        PodSpec(name=name, model=args.model, adapters=tuple(adapters), engine=engine, speedup=args.speedup)
+        PodSpec(
+            name=name,
+            model=args.model or profile.model or DEFAULT_MODEL,
+            adapters=tuple(adapters),
+            engine=engine,
+            speedup=args.speedup,
+            metrics_version=args.metrics_version,
+            lora_info_labels=args.lora_info_labels,
+        )
         for name in names
     ]
 

@@ -5,18 +5,31 @@ one engine step that starts at ``now`` and says how long it lasts; the state rea
 state at the end of that step (the tokens it produced are the driver's to deliver at
 ``result.ends_at``).
 
-The scheduler follows vLLM V1's: running requests first (each decoding request gets room for one more
-token; when the KV cache is full the most recently admitted request is preempted back to the head of
-the waiting queue and later recomputed), then, if nothing was preempted, waiting requests in FCFS
-order while the batch has room. A waiting request whose adapter would need one slot more than
-``max_loras`` is skipped and keeps its place; one whose prompt does not fit the free KV blocks stops
-admission for everyone behind it.
+Every request carries ``prompt + output`` known tokens of which ``computed`` have keys and values in
+the KV cache; a step computes some of the rest, and a request whose known tokens are all computed at
+the end of the step samples one new token. A decoding request so computes one token per step (its
+newest sample); a prompt is computed in one step or, with chunked prefill, over several.
+
+Two schedulers, as vLLM has had:
+- ``chunked_prefill`` (vLLM V1): one kind of step. Running requests first, each scheduled for its
+  remaining tokens within the step's ``max_num_batched_tokens`` budget; when the KV cache has no block
+  for one, the most recently admitted request is preempted back to the head of the waiting queue (its
+  tokens recomputed later). Then, if nothing was preempted, waiting requests in FCFS order while the
+  batch has fewer than ``max_num_seqs`` requests and budget is left, a prompt split across steps if
+  needed.
+- without (vLLM V0 default): a step is either prefill-only (whenever a waiting request can be admitted:
+  whole prompts, FCFS, within the budget) or decode-only for every running request.
+
+In both, a waiting request whose adapter would need one slot more than ``max_loras`` is skipped and
+keeps its place; one whose prompt does not fit the free KV blocks stops admission for everyone behind
+it. An adapter not in a GPU slot is loaded during the step that admits its request (from the CPU
+cache of ``max_cpu_loras`` adapters, else from disk first), evicting the least recently used idle
+adapter when the slots are full; the load time is added to that step.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -37,14 +50,17 @@ class StepTimeModel:
     """``T_step = a + b*B + c*K + N_prefill / P`` ms, times ``1 + alpha + beta*(adapters - 1)`` with LoRA.
 
     B = decoding sequences, K = tokens resident in the KV cache, N_prefill = prompt tokens computed in
-    the step, adapters = distinct adapters in the batch. The defaults are the ``llama-3.1-8b-h100``
-    column of docs/vllm-figures.md (vLLM V1).
+    the step, adapters = distinct adapters in the batch. A prefill-only step (V0 scheduler) takes
+    ``max(prefill_min_ms, prefill_fixed_ms + N/P)`` instead. The defaults are the
+    ``llama-3.1-8b-h100`` profile's (docs/simulator.md has the sources).
     """
 
     fixed_ms: float = 7.0
     per_decode_seq_ms: float = 0.040
     per_kv_token_ms: float = 4.7e-5
     prefill_tokens_per_s: float = 29_000.0
+    prefill_min_ms: float = 0.0
+    prefill_fixed_ms: float = 7.0
     lora_overhead: float = 0.05
     lora_per_extra_adapter: float = 0.0008
 
@@ -55,26 +71,64 @@ class StepTimeModel:
             + self.per_kv_token_ms * kv_tokens
             + 1000.0 * prefill_tokens / self.prefill_tokens_per_s
         )
+        return self._lora(ms, adapters) / 1000.0
+
+    def prefill_step_seconds(self, *, prefill_tokens: int, adapters: int) -> float:
+        ms = max(
+            self.prefill_min_ms, self.prefill_fixed_ms + 1000.0 * prefill_tokens / self.prefill_tokens_per_s
+        )
+        return self._lora(ms, adapters) / 1000.0
+
+    def _lora(self, ms: float, adapters: int) -> float:
         if adapters:
-            ms *= 1.0 + self.lora_overhead + self.lora_per_extra_adapter * (adapters - 1)
+            return ms * (1.0 + self.lora_overhead + self.lora_per_extra_adapter * (adapters - 1))
+        return ms
+
+
+@dataclass(frozen=True, slots=True)
+class LoraLoadModel:
+    """How long bringing an adapter into a GPU slot takes, in ms."""
+
+    disk_fixed_ms: float = 57.0
+    disk_per_rank_ms: float = 2.9
+    cpu_to_gpu_ms: float = 9.0
+    rank: int = 16
+
+    def seconds(self, *, from_disk: bool) -> float:
+        ms = self.cpu_to_gpu_ms
+        if from_disk:
+            ms += self.disk_fixed_ms + self.disk_per_rank_ms * self.rank
         return ms / 1000.0
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    # KV capacity: 26,500 blocks of 16 = 424k tokens (8B on H100, docs/vllm-figures.md).
+    # KV capacity: 26,500 blocks of 16 = 424k tokens (8B on H100, docs/simulator.md).
     num_gpu_blocks: int = 26_500
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
     max_loras: int = 4
+    max_cpu_loras: int | None = None
+    """Adapters kept in CPU memory; ``None``: ``max_loras``, as vLLM defaults it."""
     max_model_len: int = 131_072
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    lora_load: LoraLoadModel = field(default_factory=LoraLoadModel)
 
     def __post_init__(self) -> None:
-        for name in ("num_gpu_blocks", "max_num_seqs", "max_model_len"):
+        for name in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_loras < 0:
             raise ValueError(f"max_loras must not be negative, got {self.max_loras}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})"
+            )
+
+    @property
+    def cpu_lora_capacity(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +141,7 @@ class FinishedRequest:
     arrived_at: float
     first_token_at: float
     finished_at: float
+    adapter: str | None = None
 
     @property
     def time_to_first_token(self) -> float:
@@ -95,6 +150,13 @@ class FinishedRequest:
     @property
     def e2e_latency(self) -> float:
         return self.finished_at - self.arrived_at
+
+    @property
+    def time_per_output_token(self) -> float:
+        """Mean time between output tokens (0 for a one-token answer)."""
+        if self.output_tokens < 2:
+            return 0.0
+        return (self.finished_at - self.first_token_at) / (self.output_tokens - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +167,8 @@ class StepResult:
     """Tokens produced in this step, by request id."""
     finished: tuple[FinishedRequest, ...]
     preempted: tuple[str, ...]
+    later_tokens: int = 0
+    """How many of ``tokens`` followed an earlier token of the same request (inter-token latencies)."""
 
     @property
     def ends_at(self) -> float:
@@ -120,9 +184,14 @@ class Totals:
     finished: int
     aborted: int
     preemptions: int
+    lora_loads_from_disk: int = 0
+    lora_loads_from_cpu: int = 0
+    lora_evictions: int = 0
+    """Idle adapters dropped from a GPU slot to make room for another."""
+    lora_cpu_evictions: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Request:
     request_id: str
     prompt_tokens: int
@@ -130,14 +199,16 @@ class _Request:
     adapter: str | None
     arrived_at: float
     output_tokens: int = 0
-    # Tokens whose keys and values sit in the KV cache; the newest sampled token is computed next step.
     computed_tokens: int = 0
+    """Tokens whose keys and values sit in the KV cache; the newest sampled token is computed next."""
     blocks: int = 0
+    scheduled: int = 0
+    """Tokens being computed in the current step."""
     first_token_at: float | None = None
 
 
 def blocks_for(tokens: int) -> int:
-    return math.ceil(tokens / BLOCK_SIZE)
+    return -(-tokens // BLOCK_SIZE)
 
 
 class Engine:
@@ -148,12 +219,20 @@ class Engine:
         self._ids: set[str] = set()  # every request in the engine, waiting or running
         self._running_adapters: Counter[str] = Counter()
         self._waiting_adapters: Counter[str] = Counter()
+        # Least recently used first; every adapter in a GPU slot is in the CPU cache too.
+        self._gpu_loras: OrderedDict[str, None] = OrderedDict()
+        self._cpu_loras: OrderedDict[str, None] = OrderedDict()
         self._free_blocks = config.num_gpu_blocks
+        self._kv_tokens = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished = 0
         self._aborted = 0
         self._preemptions = 0
+        self._loads_from_disk = 0
+        self._loads_from_cpu = 0
+        self._evictions = 0
+        self._cpu_evictions = 0
 
     # -- read-only state -------------------------------------------------------------------------
 
@@ -179,6 +258,15 @@ class Engine:
         return frozenset(self._waiting_adapters)
 
     @property
+    def gpu_adapters(self) -> frozenset[str]:
+        """Adapters in a GPU slot, running or idle."""
+        return frozenset(self._gpu_loras)
+
+    @property
+    def cpu_adapters(self) -> frozenset[str]:
+        return frozenset(self._cpu_loras)
+
+    @property
     def max_loras(self) -> int:
         return self.config.max_loras
 
@@ -193,6 +281,10 @@ class Engine:
             finished=self._finished,
             aborted=self._aborted,
             preemptions=self._preemptions,
+            lora_loads_from_disk=self._loads_from_disk,
+            lora_loads_from_cpu=self._loads_from_cpu,
+            lora_evictions=self._evictions,
+            lora_cpu_evictions=self._cpu_evictions,
         )
 
     # -- requests --------------------------------------------------------------------------------
@@ -217,6 +309,14 @@ class Engine:
                 f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the KV cache "
                 f"of {self.config.num_gpu_blocks * BLOCK_SIZE} tokens"
             )
+        if (
+            not self.config.chunked_prefill
+            and prompt_tokens + max_tokens - 1 > self.config.max_num_batched_tokens
+        ):
+            raise RequestRejected(
+                f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+                f"max_num_batched_tokens ({self.config.max_num_batched_tokens}) without chunked prefill"
+            )
         if adapter is not None and self.config.max_loras == 0:
             raise RequestRejected(f"adapter {adapter!r} requested but LoRA is disabled (max_loras 0)")
         self._waiting.append(_Request(request_id, prompt_tokens, max_tokens, adapter, now))
@@ -228,8 +328,7 @@ class Engine:
         """Drop a waiting or running request (client gone); return whether the engine had it."""
         request = self._running.pop(request_id, None)
         if request is not None:
-            self._free_blocks += request.blocks
-            _discount(self._running_adapters, request.adapter)
+            self._release(request)
         else:
             index = next((i for i, r in enumerate(self._waiting) if r.request_id == request_id), None)
             if index is None:
@@ -240,59 +339,126 @@ class Engine:
         self._aborted += 1
         return True
 
+    def unload_adapter(self, adapter: str) -> bool:
+        """Drop an idle adapter from the GPU slots and the CPU cache; ``False`` while it has requests."""
+        if adapter in self._running_adapters or adapter in self._waiting_adapters:
+            return False
+        self._gpu_loras.pop(adapter, None)
+        self._cpu_loras.pop(adapter, None)
+        return True
+
     # -- stepping --------------------------------------------------------------------------------
 
     def step(self, now: float) -> StepResult:
         """Run one step starting at ``now``; a step with nothing to run has duration 0."""
-        preempted = self._make_room_for_decodes()
-        decoding = list(self._running.values())
-        admitted = [] if preempted else self._admit(now)
-        if not decoding and not admitted:
-            return StepResult(now, 0.0, {}, (), tuple(preempted))
+        if self.config.chunked_prefill:
+            return self._mixed_step(now)
+        return self._separate_step(now)
 
-        for request in decoding:
-            request.computed_tokens += 1
-        duration = self.config.step_time.step_seconds(
-            decoding=len(decoding),
-            kv_tokens=sum(r.computed_tokens for r in self._running.values()),
-            prefill_tokens=sum(r.computed_tokens for r in admitted),
+    def _mixed_step(self, now: float) -> StepResult:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[_Request] = []
+        preempted: list[str] = []
+        decoding = 0
+        for request in list(self._running.values()):
+            if budget <= 0:
+                break
+            if request.request_id not in self._running:
+                continue  # preempted while making room for an earlier request
+            remaining = request.prompt_tokens + request.output_tokens - request.computed_tokens
+            count = remaining if remaining < budget else budget
+            if not self._allocate(request, count, preempted):
+                break  # the request preempted itself: nothing newer is left running
+            scheduled.append(request)
+            budget -= count
+            if count == 1 and request.output_tokens:
+                decoding += 1
+        load_seconds = 0.0
+        admitted: list[_Request] = []
+        if not preempted:
+            admitted, load_seconds = self._admit(now, budget, chunk=True)
+            scheduled += admitted
+        if not scheduled:
+            return StepResult(now, 0.0, {}, (), tuple(preempted))
+        prefill = sum(r.scheduled for r in scheduled) - decoding
+        duration = load_seconds + self.config.step_time.step_seconds(
+            decoding=decoding,
+            kv_tokens=self._kv_tokens,
+            prefill_tokens=prefill,
             adapters=len(self._running_adapters),
         )
-        ends_at = now + duration
-        for request in admitted:
-            if request.first_token_at is None:  # a recomputed prompt is not counted twice
-                self._prompt_tokens += request.prompt_tokens
-                request.first_token_at = ends_at
-        tokens: dict[str, int] = {}
-        for request in self._running.values():
-            request.output_tokens += 1
-            tokens[request.request_id] = 1
-        self._generation_tokens += len(tokens)
-        return StepResult(now, duration, tokens, self._finish(ends_at), tuple(preempted))
+        return self._end_step(now, duration, scheduled, preempted)
 
-    def _make_room_for_decodes(self) -> list[str]:
-        """Give each running request a slot for the token it computes this step, preempting if full."""
+    def _separate_step(self, now: float) -> StepResult:
+        admitted, load_seconds = self._admit(now, self.config.max_num_batched_tokens, chunk=False)
+        if admitted:
+            duration = load_seconds + self.config.step_time.prefill_step_seconds(
+                prefill_tokens=sum(r.scheduled for r in admitted), adapters=len(self._running_adapters)
+            )
+            return self._end_step(now, duration, admitted, [])
+        scheduled: list[_Request] = []
         preempted: list[str] = []
         for request in list(self._running.values()):
             if request.request_id not in self._running:
-                continue  # preempted while making room for an earlier request
-            need = blocks_for(request.computed_tokens + 1) - request.blocks
-            while need > self._free_blocks:
-                victim = self._running[next(reversed(self._running))]
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is request:
-                    break
-            else:
-                self._free_blocks -= need
-                request.blocks += need
-        return preempted
+                continue
+            if not self._allocate(request, 1, preempted):
+                break
+            scheduled.append(request)
+        if not scheduled:
+            return StepResult(now, 0.0, {}, (), tuple(preempted))
+        duration = self.config.step_time.step_seconds(
+            decoding=len(scheduled),
+            kv_tokens=self._kv_tokens,
+            prefill_tokens=0,
+            adapters=len(self._running_adapters),
+        )
+        return self._end_step(now, duration, scheduled, preempted)
+
+    def _allocate(self, request: _Request, count: int, preempted: list[str]) -> bool:
+        """Give a running request blocks for ``count`` more tokens, preempting the newest if full.
+
+        Return ``False`` if ``request`` itself had to be preempted.
+        """
+        need = blocks_for(request.computed_tokens + count) - request.blocks
+        while need > self._free_blocks:
+            victim = self._running[next(reversed(self._running))]
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        self._free_blocks -= need
+        request.blocks += need
+        request.scheduled = count
+        self._kv_tokens += count
+        return True
+
+    def _end_step(
+        self, now: float, duration: float, scheduled: list[_Request], preempted: list[str]
+    ) -> StepResult:
+        ends_at = now + duration
+        tokens: dict[str, int] = {}
+        later = 0
+        done: list[_Request] = []
+        for request in scheduled:
+            request.computed_tokens += request.scheduled
+            request.scheduled = 0
+            if request.computed_tokens < request.prompt_tokens + request.output_tokens:
+                continue  # a prompt chunk: no token yet
+            request.output_tokens += 1
+            tokens[request.request_id] = 1
+            if request.first_token_at is None:
+                request.first_token_at = ends_at
+                self._prompt_tokens += request.prompt_tokens  # a recomputed prompt is not counted twice
+            elif request.output_tokens > 1:
+                later += 1
+            if request.output_tokens >= request.max_tokens:
+                done.append(request)
+        self._generation_tokens += len(tokens)
+        return StepResult(now, duration, tokens, self._finish(done, ends_at), tuple(preempted), later)
 
     def _preempt(self, request: _Request) -> None:
         del self._running[request.request_id]
-        _discount(self._running_adapters, request.adapter)
-        self._free_blocks += request.blocks
-        request.blocks = 0
+        self._release(request)
         request.computed_tokens = 0
         # Victims go newest first, so inserting each at the head keeps the FCFS order among them.
         self._waiting.insert(0, request)
@@ -300,49 +466,90 @@ class Engine:
             self._waiting_adapters[request.adapter] += 1
         self._preemptions += 1
 
-    def _admit(self, now: float) -> list[_Request]:
+    def _release(self, request: _Request) -> None:
+        """Give back a request's blocks and adapter use (it already left ``_running``)."""
+        self._free_blocks += request.blocks
+        self._kv_tokens -= request.computed_tokens + request.scheduled
+        request.blocks = 0
+        request.scheduled = 0
+        _discount(self._running_adapters, request.adapter)
+
+    def _admit(self, now: float, budget: int, *, chunk: bool) -> tuple[list[_Request], float]:
+        """Admit waiting requests FCFS; return them and the seconds spent loading their adapters."""
         admitted: list[_Request] = []
         skipped: list[_Request] = []
+        load_seconds = 0.0
         stop = len(self._waiting)
+        max_loras = self.config.max_loras
         for i, request in enumerate(self._waiting):
             # A request that arrived after the step began waits for the next one.
-            if len(self._running) >= self.config.max_num_seqs or request.arrived_at > now:
+            if len(self._running) >= self.config.max_num_seqs or budget <= 0 or request.arrived_at > now:
                 stop = i
                 break
             adapter = request.adapter
             if (
                 adapter is not None
                 and adapter not in self._running_adapters
-                and len(self._running_adapters) >= self.config.max_loras
+                and len(self._running_adapters) >= max_loras
             ):
                 skipped.append(request)
                 continue
             # A resumed (preempted) request recomputes its output tokens too.
-            prefill = request.prompt_tokens + request.output_tokens
-            need = blocks_for(prefill)
+            remaining = request.prompt_tokens + request.output_tokens
+            if remaining > budget and not chunk:
+                stop = i
+                break
+            count = min(remaining, budget)
+            need = blocks_for(count)
             if need > self._free_blocks:
                 stop = i
                 break
             self._free_blocks -= need
             request.blocks = need
-            request.computed_tokens = prefill
+            request.scheduled = count
+            self._kv_tokens += count
+            budget -= count
             self._running[request.request_id] = request
             if adapter is not None:
+                load_seconds += self._activate(adapter)
                 self._running_adapters[adapter] += 1
                 _discount(self._waiting_adapters, adapter)
             admitted.append(request)
         if admitted:
             self._waiting = skipped + self._waiting[stop:]
-        return admitted
+        return admitted, load_seconds
 
-    def _finish(self, now: float) -> tuple[FinishedRequest, ...]:
+    def _activate(self, adapter: str) -> float:
+        """Put an adapter in a GPU slot (it has one free or idle); return the seconds that takes."""
+        if adapter in self._gpu_loras:
+            self._gpu_loras.move_to_end(adapter)
+            self._cpu_loras.move_to_end(adapter)
+            return 0.0
+        if len(self._gpu_loras) >= self.config.max_loras:
+            idle = next(a for a in self._gpu_loras if a not in self._running_adapters)
+            del self._gpu_loras[idle]
+            self._evictions += 1
+        from_disk = adapter not in self._cpu_loras
+        if from_disk:
+            if len(self._cpu_loras) >= self.config.cpu_lora_capacity:
+                idle = next(a for a in self._cpu_loras if a not in self._gpu_loras)
+                del self._cpu_loras[idle]
+                self._cpu_evictions += 1
+            self._cpu_loras[adapter] = None
+            self._loads_from_disk += 1
+        else:
+            self._cpu_loras.move_to_end(adapter)
+            self._loads_from_cpu += 1
+        self._gpu_loras[adapter] = None
+        return self.config.lora_load.seconds(from_disk=from_disk)
+
+    def _finish(self, done: list[_Request], now: float) -> tuple[FinishedRequest, ...]:
         finished: list[FinishedRequest] = []
-        for request in [r for r in self._running.values() if r.output_tokens >= r.max_tokens]:
+        for request in done:
             del self._running[request.request_id]
             self._ids.discard(request.request_id)
-            self._free_blocks += request.blocks
-            _discount(self._running_adapters, request.adapter)
-            assert request.first_token_at is not None  # set when it was admitted
+            self._release(request)
+            assert request.first_token_at is not None  # set with its first token
             finished.append(
                 FinishedRequest(
                     request_id=request.request_id,
@@ -351,6 +558,7 @@ class Engine:
                     arrived_at=request.arrived_at,
                     first_token_at=request.first_token_at,
                     finished_at=now,
+                    adapter=request.adapter,
                 )
             )
         self._finished += len(finished)

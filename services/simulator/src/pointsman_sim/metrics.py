@@ -12,17 +12,21 @@ from dataclasses import dataclass
 
 from prometheus_client import utils as prometheus_utils
 
-from pointsman_sim.engine import BLOCK_SIZE, FinishedRequest, Totals
+from pointsman_sim.engine import BLOCK_SIZE, FinishedRequest, StepResult, Totals
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Numbers as prometheus_client (and so vLLM) writes them: 3.0, 1.76400001225e+09, +Inf.
 _number: Callable[[float], str] = prometheus_utils.floatToGoString
 
-# vLLM's bucket bounds for these two histograms (vllm/v1/metrics/loggers.py).
+# vLLM's bucket bounds for these histograms (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0,
 )  # fmt: skip
 E2E_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
@@ -60,6 +64,16 @@ def _header(name: str, kind: str, help_text: str) -> str:
     return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 
 
+METRICS_VERSIONS = ("current", "v0")
+"""``current``: vLLM >= 0.12 names; ``v0``: the older ones (``vllm:gpu_cache_usage_perc``,
+``vllm:time_per_output_token_seconds``)."""
+
+LORA_LABEL_SEMANTICS = ("v0", "current")
+"""How ``vllm:lora_requests_info`` fills its adapter labels. ``v0``: running adapters in
+``running_lora_adapters``, waiting ones in ``waiting_lora_adapters``; ``current`` (vLLM V1): both
+labels list the same set, every adapter with a running or waiting request."""
+
+
 class LoraInfoSeries:
     """``vllm:lora_requests_info``: one series per label combination ever current.
 
@@ -69,7 +83,10 @@ class LoraInfoSeries:
 
     NAME = "vllm:lora_requests_info"
 
-    def __init__(self) -> None:
+    def __init__(self, semantics: str = "v0") -> None:
+        if semantics not in LORA_LABEL_SEMANTICS:
+            raise ValueError(f"unknown lora_requests_info semantics {semantics!r}")
+        self._same_set = semantics == "current"
         self._stamps: dict[str, float] = {}  # rendered label set -> unix time it was last current
         self._current: str | None = None
         self._newest = float("-inf")
@@ -77,6 +94,8 @@ class LoraInfoSeries:
     def observe(
         self, max_lora: int, running: Iterable[str], waiting: Iterable[str], unix_time: float
     ) -> None:
+        if self._same_set:
+            running = waiting = {*running, *waiting}
         key = labels(
             {
                 "max_lora": str(max_lora),
@@ -111,10 +130,11 @@ class Histogram:
         self._count_prefix = f"{name}_count{labels(base)} "
         self._sum_prefix = f"{name}_sum{labels(base)} "
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, times: int = 1) -> None:
+        """Record ``value`` (``times`` times)."""
         # Prometheus buckets are upper-inclusive: le="0.5" counts 0.5.
-        self._counts[bisect.bisect_left(self._bounds, value)] += 1
-        self._sum += value
+        self._counts[bisect.bisect_left(self._bounds, value)] += times
+        self._sum += value * times
 
     def render(self) -> str:
         lines = [self._header]
@@ -130,7 +150,27 @@ class Histogram:
 class PodMetrics:
     """Everything one pod's page shows that is not read live from the engine."""
 
-    def __init__(self, model_name: str, num_gpu_blocks: int) -> None:
+    def __init__(
+        self, model_name: str, num_gpu_blocks: int, *, version: str = "current", lora_semantics: str = "v0"
+    ) -> None:
+        if version not in METRICS_VERSIONS:
+            raise ValueError(f"unknown metrics version {version!r}")
+        if version == "v0":
+            self._kv_name, kv_help = (
+                "vllm:gpu_cache_usage_perc",
+                "GPU KV-cache usage. 1 means 100 percent usage.",
+            )
+            itl_name, itl_help = (
+                "vllm:time_per_output_token_seconds",
+                "Histogram of time per output token in seconds.",
+            )
+        else:
+            self._kv_name, kv_help = "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+            itl_name, itl_help = (
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+            )
+        self._kv_header = _header(self._kv_name, "gauge", kv_help)
         base = {"engine": "0", "model_name": model_name}
         self._labels = labels(base)
         self._success_labels = {
@@ -146,19 +186,27 @@ class PodMetrics:
                 "num_gpu_blocks": str(num_gpu_blocks),
             }
         )
-        self.lora_info = LoraInfoSeries()
+        self.lora_info = LoraInfoSeries(lora_semantics)
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
             base,
         )
+        self.itl = Histogram(itl_name, itl_help, ITL_BUCKETS, base)
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             E2E_BUCKETS,
             base,
         )
+
+    def observe_step(self, result: StepResult) -> None:
+        # A token that follows its request's previous one by a step: that step's duration apart.
+        if result.later_tokens:
+            self.itl.observe(result.duration, result.later_tokens)
+        for finished in result.finished:
+            self.observe_finished(finished)
 
     def observe_finished(self, request: FinishedRequest) -> None:
         self.ttft.observe(request.time_to_first_token)
@@ -176,8 +224,8 @@ class PodMetrics:
                 _sample("vllm:num_requests_running", m, load.running),
                 _header("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
                 _sample("vllm:num_requests_waiting", m, load.waiting),
-                _header("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
-                _sample("vllm:kv_cache_usage_perc", m, load.kv_cache_usage),
+                self._kv_header,
+                _sample(self._kv_name, m, load.kv_cache_usage),
                 self.lora_info.render(),
                 _header("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
                 _sample("vllm:prompt_tokens_total", m, totals.prompt_tokens),
@@ -194,6 +242,7 @@ class PodMetrics:
                 _sample("vllm:request_success_total", success["length"], totals.finished),
                 _sample("vllm:request_success_total", success["stop"], 0),
                 self.ttft.render(),
+                self.itl.render(),
                 self.e2e.render(),
                 _header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig"),
                 _sample("vllm:cache_config_info", self._cache_config, 1),

@@ -27,6 +27,8 @@ class PodSpec:
     adapters: tuple[str, ...] = ()
     engine: EngineConfig = field(default_factory=EngineConfig)
     speedup: float = 1.0
+    metrics_version: str = "current"
+    lora_info_labels: str = "v0"
 
     def __post_init__(self) -> None:
         if len(set(self.adapters)) != len(self.adapters):
@@ -46,7 +48,12 @@ class SimPod:
         self.spec = spec
         self.engine = Engine(spec.engine)
         self.driver = EngineDriver(self.engine, speedup=spec.speedup, on_step=self._on_step)
-        self.metrics = PodMetrics(spec.model, spec.engine.num_gpu_blocks)
+        self.metrics = PodMetrics(
+            spec.model,
+            spec.engine.num_gpu_blocks,
+            version=spec.metrics_version,
+            lora_semantics=spec.lora_info_labels,
+        )
         self.pins: Pins | None = None
         self.started_at = int(wall_clock())
         self._wall_clock = wall_clock
@@ -105,8 +112,7 @@ class SimPod:
         )
 
     def _on_step(self, result: StepResult) -> None:
-        for finished in result.finished:
-            self.metrics.observe_finished(finished)
+        self.metrics.observe_step(result)
         # vLLM stamps the current adapter combination every step, so short-lived ones show up too.
         if self._shows_lora():
             self._stamp_lora(self.page_load())

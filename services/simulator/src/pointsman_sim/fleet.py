@@ -1,0 +1,152 @@
+"""The virtual-time driver: a fleet of engines, an arrival trace and a routing function, no clock.
+
+A discrete-event loop over three kinds of event, in time order: a request arrives (the router picks
+its pod from the pods' latest snapshots; the request is queued there at once), a pod's step ends (its
+finished requests are recorded and its next step starts at the same instant), and a snapshot round
+(every ``snapshot_interval`` seconds, like the collector's scrape loop, each pod's snapshot is
+refreshed from its engine). Routing thus sees metrics up to one interval old, as it does live.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pointsman_shared.snapshot import PodSnapshot
+from pointsman_sim.engine import Engine, EngineConfig, FinishedRequest, RequestRejected, Totals
+
+DEFAULT_SNAPSHOT_INTERVAL = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    arrival: float
+    """Seconds from the start of the run."""
+    prompt_tokens: int
+    max_tokens: int
+    adapter: str | None = None
+
+
+Router = Callable[[TraceRequest, Sequence[PodSnapshot]], int]
+"""Picks the index of the pod that serves a request, from every pod's latest snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A finished request and the pod that served it."""
+
+    pod: int
+    request: FinishedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class FleetResult:
+    served: tuple[Served, ...]
+    rejected: int
+    """Requests the chosen pod could never run (too long, LoRA disabled)."""
+    totals: tuple[Totals, ...]
+    """Per pod."""
+    ended_at: float
+    """When the last request finished."""
+
+
+_ARRIVAL, _STEP_END, _SNAPSHOT = 0, 1, 2  # at equal times: arrivals queue before a step starts
+
+
+def pod_snapshot(address: str, engine: Engine, now: float) -> PodSnapshot:
+    """What the collector would publish for this engine at ``now``."""
+    return PodSnapshot(
+        address=address,
+        waiting=engine.waiting_count,
+        running=engine.running_count,
+        kv_cache_usage=engine.kv_usage,
+        max_lora=engine.max_loras,
+        running_adapters=engine.running_adapters,
+        waiting_adapters=engine.waiting_adapters,
+        updated_at=now,
+    )
+
+
+def run_fleet(
+    configs: Sequence[EngineConfig],
+    trace: Sequence[TraceRequest],
+    router: Router,
+    *,
+    snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL,
+) -> FleetResult:
+    """Run the trace (sorted by arrival) through one engine per config until every request ends."""
+    if snapshot_interval <= 0:
+        raise ValueError(f"snapshot_interval must be positive, got {snapshot_interval}")
+    engines = [Engine(config) for config in configs]
+    addresses = [f"pod-{i}" for i in range(len(engines))]
+    snapshots = [
+        pod_snapshot(address, engine, 0.0) for address, engine in zip(addresses, engines, strict=True)
+    ]
+    stepping = [False] * len(engines)
+    served: list[Served] = []
+    rejected = 0
+    order = itertools.count()
+    events: list[tuple[float, int, int, int]] = [
+        (r.arrival, _ARRIVAL, next(order), i) for i, r in enumerate(trace)
+    ]
+    heapq.heapify(events)
+    last_arrival = max((r.arrival for r in trace), default=0.0)
+    heapq.heappush(events, (snapshot_interval, _SNAPSHOT, next(order), 0))
+    now = 0.0
+
+    def start_step(pod: int, at: float) -> None:
+        engine = engines[pod]
+        while engine.has_work:
+            result = engine.step(at)
+            served.extend(Served(pod, finished) for finished in result.finished)
+            if result.duration:
+                stepping[pod] = True
+                heapq.heappush(events, (result.ends_at, _STEP_END, next(order), pod))
+                return
+        stepping[pod] = False
+
+    while events:
+        now, kind, _, index = heapq.heappop(events)
+        if kind == _ARRIVAL:
+            request = trace[index]
+            pod = router(request, snapshots)
+            try:
+                engines[pod].submit(
+                    f"r{index}", request.prompt_tokens, request.max_tokens, request.adapter, now
+                )
+            except RequestRejected:
+                rejected += 1
+                continue
+            if not stepping[pod]:
+                start_step(pod, now)
+        elif kind == _STEP_END:
+            start_step(index, now)
+        else:
+            snapshots = [pod_snapshot(a, e, now) for a, e in zip(addresses, engines, strict=True)]
+            if now < last_arrival:
+                heapq.heappush(events, (now + snapshot_interval, _SNAPSHOT, next(order), 0))
+    return FleetResult(
+        served=tuple(served),
+        rejected=rejected,
+        totals=tuple(engine.totals() for engine in engines),
+        ended_at=max((s.request.finished_at for s in served), default=0.0),
+    )
+
+
+class RoundRobin:
+    """Each pod in turn, whatever the snapshots say."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        pod = self._next % len(pods)
+        self._next += 1
+        return pod
+
+
+def least_queued(request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+    """The pod with the fewest waiting, then running, requests in its snapshot (lowest index on ties)."""
+    return min(range(len(pods)), key=lambda i: (pods[i].waiting, pods[i].running))

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+
+from pointsman_shared.snapshot import PodSnapshot
+from pointsman_sim.engine import EngineConfig
+from pointsman_sim.fleet import RoundRobin, TraceRequest, least_queued, run_fleet
+from pointsman_sim.traces import sharegpt_like
+
+
+def configs(pods: int, **overrides: object) -> list[EngineConfig]:
+    return [EngineConfig(**overrides) for _ in range(pods)]  # type: ignore[arg-type]
+
+
+def test_every_request_is_served_once_with_consistent_times() -> None:
+    trace = sharegpt_like(random.Random(1), 300, rate=50.0, adapters=(None, "a", "b"))
+    result = run_fleet(configs(3, max_loras=1), trace, RoundRobin())
+    assert len(result.served) == 300
+    assert result.rejected == 0
+    assert Counter(s.pod for s in result.served) == {0: 100, 1: 100, 2: 100}
+    for s in result.served:
+        r = s.request
+        assert r.arrived_at < r.first_token_at <= r.finished_at <= result.ended_at
+    assert sum(t.generation_tokens for t in result.totals) == sum(r.max_tokens for r in trace)
+
+
+def test_router_sees_snapshots_only_as_fresh_as_the_interval() -> None:
+    seen: list[tuple[float, float]] = []
+
+    def spy(request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        seen.append((request.arrival, pods[0].updated_at))
+        return 0
+
+    trace = [TraceRequest(t, 16, 4) for t in (0.0, 0.07, 0.149, 0.31)]
+    run_fleet(configs(1), trace, spy, snapshot_interval=0.1)
+    assert seen == [(0.0, 0.0), (0.07, 0.0), (0.149, pytest.approx(0.1)), (0.31, pytest.approx(0.3))]
+
+
+@pytest.mark.parametrize(("interval", "pods_used"), [(0.001, 4), (100.0, 1)])
+def test_stale_snapshots_pile_requests_on_one_pod(interval: float, pods_used: int) -> None:
+    # A burst within one interval: least-queued routing sees no load until the next refresh.
+    trace = [TraceRequest(0.001 * i, 200, 50) for i in range(40)]
+    result = run_fleet(configs(4), trace, least_queued, snapshot_interval=interval)
+    assert len({s.pod for s in result.served}) == pods_used
+
+
+def test_requests_a_pod_cannot_run_are_counted_as_rejected() -> None:
+    trace = [TraceRequest(0.0, 100, 10), TraceRequest(0.0, 100, 10, "a")]
+    result = run_fleet(configs(1, max_loras=0), trace, RoundRobin())
+    assert (len(result.served), result.rejected) == (1, 1)
+
+
+def test_empty_trace() -> None:
+    result = run_fleet(configs(2), [], RoundRobin())
+    assert (result.served, result.ended_at) == ((), 0.0)
