@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import random
 
 import pytest
@@ -12,14 +14,15 @@ from pointsman_picker import errors
 from pointsman_picker.director import Director, usable_pods
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.snapshots import StaticSnapshotSource
+from pointsman_shared.snapshot import PoolSnapshot
 
 BODY = b'{"model":"my-model","prompt":"hi"}'
 
 
-def director(snap=None, **sections) -> tuple[Director, CollectorRegistry]:
+def director(snap=None, clock=lambda: NOW, **sections) -> tuple[Director, CollectorRegistry]:
     registry = CollectorRegistry()
     source = StaticSnapshotSource(snap)
-    d = Director(config(**sections), source, PickerMetrics(registry), rng=random.Random(1), clock=lambda: NOW)
+    d = Director(config(**sections), source, PickerMetrics(registry), rng=random.Random(1), clock=clock)
     return d, registry
 
 
@@ -129,3 +132,36 @@ def test_fail_open_without_endpoints_is_503():
     d, _ = director(None, pool={"name": "test-pool", "failureMode": "FailOpen"})
     with pytest.raises(errors.NoEndpoints):
         d.route(BODY)
+
+
+def routed_to(d: Director, times: int) -> list[str]:
+    return [d.route(BODY).endpoint for _ in range(times)]
+
+
+@pytest.mark.parametrize(("count", "expected"), [(True, {"idle": 5, "b": 2, "c": 2}), (False, {"idle": 9})])
+def test_a_burst_between_two_snapshots_spreads(count, expected):
+    # One pod looks idle, two have 3 waiting; nine requests arrive before the next snapshot.
+    pods = (pod(0, address="idle"), pod(3, address="b"), pod(3, address="c"))
+    ticks = itertools.count(1)
+    d, _ = director(snapshot(*pods), lambda: NOW + next(ticks) / 1000, picker={"countAssignments": count})
+    # Counted, the nine even out the queues (5 + 0, 2 + 3, 2 + 3); uncounted, all go to "idle".
+    assert collections.Counter(routed_to(d, 9)) == expected
+
+
+def test_a_snapshot_published_longer_ago_than_max_staleness_counts_as_none():
+    old = PoolSnapshot(pool="test-pool", version=1, published_at=NOW - 3, pods=(pod(),))
+    d, _ = director(old)
+    with pytest.raises(errors.NoEndpoints, match="no fresh pool snapshot"):
+        d.route(BODY)
+    d, _ = director(old, pool={"failureMode": "FailOpen", "endpoints": ["10.1.1.1:8000"]})
+    assert d.route(BODY).endpoint == "10.1.1.1:8000"
+
+
+def test_requests_that_ended_before_the_next_snapshot_do_not_count():
+    pods = (pod(0, address="idle"), pod(3, address="b"), pod(3, address="c"))
+    ticks = itertools.count(1)
+    d, _ = director(snapshot(*pods), lambda: NOW + next(ticks) / 1000)
+    for _ in range(9):  # one after the other: each ends before the next starts
+        routing = d.route(BODY)
+        assert routing.endpoint == "idle"
+        d.release(routing)

@@ -189,8 +189,12 @@ class PickerConfig(_Model):
     destination_header: str = Field(default="x-gateway-destination-endpoint", min_length=1)
     metadata_namespace: str = Field(default="envoy.lb", min_length=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    # Pods whose data is older than this are used only when no fresh pod exists.
+    # Pods whose data is older than this are used only when no fresh pod exists; a snapshot published
+    # longer ago than this counts as none (then pool.failureMode decides).
     max_staleness: Seconds = 2.0
+    # Count this picker's assignments not yet seen by a scrape as waiting requests, so a burst between
+    # two snapshots spreads instead of landing on the one pod that looked idle.
+    count_assignments: bool = True
 
 
 class PointsmanConfig(_Model):

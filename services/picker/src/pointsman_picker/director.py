@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pointsman_picker import errors
+from pointsman_picker.assignments import RecentAssignments
 from pointsman_picker.extproc.request import parse_body, with_model
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.resolution import ModelCatalog
@@ -31,6 +32,7 @@ class Routing:
     rewritten: bool
     model: str = ""
     target: str = ""
+    assigned_at: float = 0.0  # the director's clock at the decision
 
 
 def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pods, bool]:
@@ -58,13 +60,15 @@ class Director:
         self._max_staleness = config.picker.max_staleness
         self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
+        self._assignments = RecentAssignments() if config.picker.count_assignments else None
 
     def route(self, body: bytes | None) -> Routing:
         """Route a request; ``body`` is ``None`` when the request has none (routed without a model)."""
         if body is None:
-            endpoint, result = self._pick(SchedulingRequest(target_model=None, critical=False), "", "")
+            request = SchedulingRequest(target_model=None, critical=False)
+            endpoint, result, now = self._pick(request, "", "")
             self._metrics.routed("", "", PROFILE, result)
-            return Routing(endpoint, None, rewritten=False)
+            return Routing(endpoint, None, rewritten=False, assigned_at=now)
         parsed = parse_body(body)
         resolution = self._catalog.resolve(parsed.model, self._rng)
         if resolution is None:
@@ -72,22 +76,34 @@ class Director:
             raise errors.UnknownModel(f"no InferenceModel for model {parsed.model[:200]!r}")
         final = with_model(parsed, resolution.target)
         request = SchedulingRequest(target_model=resolution.target, critical=resolution.critical)
-        endpoint, result = self._pick(request, resolution.model, resolution.target)
+        endpoint, result, now = self._pick(request, resolution.model, resolution.target)
         self._metrics.routed(resolution.model, resolution.target, PROFILE, result)
-        return Routing(endpoint, final, final is not body, resolution.model, resolution.target)
+        return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now)
 
-    def _pick(self, request: SchedulingRequest, model: str, target: str) -> tuple[str, str]:
-        """The endpoint and the decision's ``result`` label."""
+    def release(self, routing: Routing) -> None:
+        """The request ``routing`` sent is over (its stream closed)."""
+        if self._assignments is not None:
+            self._assignments.release(routing.endpoint, routing.assigned_at)
+
+    def _pick(self, request: SchedulingRequest, model: str, target: str) -> tuple[str, str, float]:
+        """The endpoint, the decision's ``result`` label and the time of the decision."""
         snapshot = self._source.current()
-        pods, stale = usable_pods(snapshot, self._clock(), self._max_staleness) if snapshot else ((), True)
+        now = self._clock()
+        if snapshot is not None and now - snapshot.published_at > self._max_staleness:
+            snapshot = None  # the collector (or Redis) has gone quiet: the failure mode decides
+        pods, stale = usable_pods(snapshot, now, self._max_staleness) if snapshot else ((), True)
         if not pods:
             if self._fail_open and self._endpoints:
-                return self._endpoints[self._rng.randrange(len(self._endpoints))], "fail_open"
-            why = "no pool snapshot" if snapshot is None else "the pool has no pods"
+                return self._endpoints[self._rng.randrange(len(self._endpoints))], "fail_open", now
+            why = "no fresh pool snapshot" if snapshot is None else "the pool has no pods"
             raise errors.NoEndpoints(why, model=model, target=target)
         start = time.perf_counter()
+        if self._assignments is not None:
+            pods = self._assignments.adjust(pods, not_before=now - self._max_staleness)
         outcome = self._scheduler.schedule(request, pods)
         self._metrics.scheduler_duration.observe(time.perf_counter() - start)
         if isinstance(outcome, NoCapacity):
             raise errors.NoCapacity(outcome.reason, model=model, target=target)
-        return outcome.address, "picked_stale" if stale else "picked"
+        if self._assignments is not None:
+            self._assignments.record(outcome.address, now)
+        return outcome.address, "picked_stale" if stale else "picked", now

@@ -66,6 +66,7 @@ class PickerApp:
             StreamSettings(picker.max_body_bytes, picker.destination_header, picker.metadata_namespace),
             on_error=self._record_error,
             on_complete=self.metrics.completed,
+            on_finish=self.director.release,
             clock=time.monotonic,
         )
         self.health = health.aio.HealthServicer()

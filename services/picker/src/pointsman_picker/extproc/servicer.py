@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from pointsman_picker.director import Routing
 from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
@@ -27,12 +28,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         *,
         on_error: ErrorSink,
         on_complete: CompletionSink,
+        on_finish: Callable[[Routing], None],
         clock: Clock,
     ) -> None:
         self._route = route
         self._settings = settings
         self._on_error = on_error
         self._on_complete = on_complete
+        self._on_finish = on_finish
         self._clock = clock
         self.open_streams = 0
         self.unfinished_streams = 0
@@ -54,6 +57,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     yield response
         finally:
             self.open_streams -= 1
+            if stream.routing is not None:
+                self._on_finish(stream.routing)
             # A stream that ends while a request body is still due was cut short: Envoy reset it, or
             # shutdown's grace ran out (grpc.aio then ends the request iterator like a half-close).
             if stream.phase is Phase.BODY or context.cancelled():

@@ -114,7 +114,7 @@ class RequestStream:
         self._body_mode: int = _MODE.NONE
         self._response_body_mode: int = _MODE.NONE
         self._started = 0.0
-        self._routing: Routing | None = None
+        self.routing: Routing | None = None
         self._status = 0
         self._response_bytes = 0
         self._usage: UsageScanner | None = None
@@ -198,7 +198,7 @@ class RequestStream:
             self.log.exception("routing failed")
             return self._fail(Internal("internal error"))
         self.phase = Phase.ROUTED
-        self._routing = routing
+        self.routing = routing
         settings = self._settings
         self.log.debug("model %r -> %r routed to %s", routing.model, routing.target, routing.endpoint)
         if routing.body is None:
@@ -257,7 +257,7 @@ class RequestStream:
 
     def _complete(self) -> None:
         """Report the finished exchange once (the response ended: body, trailers or header-only)."""
-        routing = self._routing
+        routing = self.routing
         if self.phase is not Phase.ROUTED or routing is None:
             return
         self.phase = Phase.DONE
