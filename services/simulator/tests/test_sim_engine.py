@@ -319,3 +319,11 @@ def test_later_tokens_count_only_tokens_after_a_first() -> None:
     submit(e, R("r2", out=3), now=first.ends_at)
     second = e.step(first.ends_at)
     assert (first.later_tokens, len(second.tokens), second.later_tokens) == (0, 2, 1)
+
+
+def test_skipped_requests_keep_their_order_when_the_scan_stops_early() -> None:
+    e = engine(R("a1", out=50, adapter="a"), max_loras=1)
+    now = e.step(0.0).ends_at
+    submit(e, R("b1", adapter="b"), R("base"), R("c1", adapter="c"), R("b2", adapter="b"), now=now)
+    assert "base" in e.step(now).tokens
+    assert [r.request_id for r in e._waiting] == ["b1", "c1", "b2"]

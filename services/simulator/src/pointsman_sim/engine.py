@@ -361,13 +361,19 @@ class Engine:
         preempted: list[str] = []
         decoding = 0
         for request in list(self._running.values()):
-            if budget <= 0:
+            # Victims are taken newest first, so the first one met ends the running requests.
+            if budget <= 0 or (preempted and request.request_id not in self._running):
                 break
-            if request.request_id not in self._running:
-                continue  # preempted while making room for an earlier request
             remaining = request.prompt_tokens + request.output_tokens - request.computed_tokens
             count = remaining if remaining < budget else budget
-            if not self._allocate(request, count, preempted):
+            # The common case inline (this loop runs once per token of the whole simulation).
+            need = -(-(request.computed_tokens + count) // BLOCK_SIZE) - request.blocks
+            if need <= self._free_blocks:
+                self._free_blocks -= need
+                request.blocks += need
+                request.scheduled = count
+                self._kv_tokens += count
+            elif not self._allocate(request, count, preempted):
                 break  # the request preempted itself: nothing newer is left running
             scheduled.append(request)
             budget -= count
@@ -481,6 +487,10 @@ class Engine:
         load_seconds = 0.0
         stop = len(self._waiting)
         max_loras = self.config.max_loras
+        # Once the slots are full they stay full for this step, so only the requests for the base
+        # model or a running adapter can still be admitted: count them and stop when none is left,
+        # rather than walk a long queue of skipped requests every step.
+        eligible: int | None = None
         for i, request in enumerate(self._waiting):
             # A request that arrived after the step began waits for the next one.
             if len(self._running) >= self.config.max_num_seqs or budget <= 0 or request.arrived_at > now:
@@ -493,6 +503,11 @@ class Engine:
                 and len(self._running_adapters) >= max_loras
             ):
                 skipped.append(request)
+                if eligible is None:
+                    eligible = self._eligible_waiting(len(admitted))
+                if not eligible:
+                    stop = i + 1
+                    break
                 continue
             # A resumed (preempted) request recomputes its output tokens too.
             remaining = request.prompt_tokens + request.output_tokens
@@ -515,9 +530,19 @@ class Engine:
                 self._running_adapters[adapter] += 1
                 _discount(self._waiting_adapters, adapter)
             admitted.append(request)
+            if eligible is not None:
+                eligible -= 1
         if admitted:
             self._waiting = skipped + self._waiting[stop:]
         return admitted, load_seconds
+
+    def _eligible_waiting(self, admitted: int) -> int:
+        """Waiting requests not yet admitted this step that are for the base model or a running adapter."""
+        for_adapters = sum(self._waiting_adapters.values())
+        base = len(self._waiting) - admitted - for_adapters
+        return base + sum(
+            self._waiting_adapters[a] for a in self._running_adapters if a in self._waiting_adapters
+        )
 
     def _activate(self, adapter: str) -> float:
         """Put an adapter in a GPU slot (it has one free or idle); return the seconds that takes."""
