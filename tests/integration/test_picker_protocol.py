@@ -104,3 +104,13 @@ def test_a_full_duplex_body_in_many_chunks_is_routed_and_rewritten(
     assert response.status_code == 200, response.text
     assert response.headers[POD_HEADER] in stack.pod_addresses
     assert response.json()["model"].startswith("tweet-summary-")
+
+
+def test_the_debug_header_explains_the_decision(gateway: httpx.Client, pool: Pool) -> None:
+    asked = gateway.post("/v1/completions", json=completion("sql-lora"), headers={"x-pointsman-explain": "1"})
+    assert asked.status_code == 200, asked.text
+    path = asked.headers["x-pointsman-explain"]
+    assert "critical request:3 > low queueing:3" in path
+    assert path.endswith(f"picked {asked.headers[POD_HEADER]}")
+    plain = gateway.post("/v1/completions", json=completion("sql-lora"))
+    assert "x-pointsman-explain" not in plain.headers

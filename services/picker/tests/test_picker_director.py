@@ -11,7 +11,7 @@ from picker_builders import NOW, config, pod, snapshot
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker import errors
-from pointsman_picker.director import Director, usable_pods
+from pointsman_picker.director import PLUGIN_TIMING_EVERY, Director, usable_pods
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.snapshot import PoolSnapshot
@@ -165,3 +165,33 @@ def test_requests_that_ended_before_the_next_snapshot_do_not_count():
         routing = d.route(BODY)
         assert routing.endpoint == "idle"
         d.release(routing)
+
+
+def test_an_explained_decision_carries_its_path():
+    pods = (pod(0, address="a"), pod(3, address="b"))
+    ticks = itertools.count(1)
+    d, _ = director(snapshot(*pods), lambda: NOW + next(ticks) / 1000)
+    d.route(BODY)  # one in flight on "a"
+    routing = d.route(BODY, explain=True)
+    assert routing.explain == (
+        "pods=2 (+1 recent); critical request:2 > low queueing:2 > LoRA soft affinity:0 > "
+        "least queuing:1 > least KV cache:1; picked a"
+    )
+    assert d.route(BODY).explain == ""
+
+
+def test_a_dropped_request_explains_why():
+    d, _ = director(snapshot(pod(10, 0.9, address="a")))
+    with pytest.raises(errors.NoCapacity) as raised:
+        d.route(b'{"model":"sql-lora-sheddable"}', explain=True)
+    assert raised.value.explain.startswith(
+        "pods=1; critical request:0 > has capacity for sheddable requests:0;"
+    )
+
+
+def test_one_decision_in_sixteen_times_each_filter():
+    d, registry = director(snapshot(pod()))
+    for _ in range(PLUGIN_TIMING_EVERY):
+        d.route(BODY)
+    labels = {"plugin_type": "filter", "plugin_name": "least queuing"}
+    assert registry.get_sample_value("inference_extension_plugin_duration_seconds_count", labels) == 1

@@ -241,3 +241,18 @@ def test_run_tree(name, root, waitings, expected):
 def test_run_tree_drop():
     root = Node("none", keep_none, on_failure=Drop("full"))
     assert run_tree(root, CRITICAL, (pod(),), random.Random(0)) == Drop("full")
+
+
+def test_the_walk_is_reported_step_by_step():
+    steps: list[tuple[str, int]] = []
+    pods = (pod(0, 0.2, address="a"), pod(3, 0.1, address="b"), pod(200, 0.2, address="c"))
+    Scheduler(SchedulingConfig(), random.Random(0)).schedule(
+        CRITICAL, pods, lambda name, kept: steps.append((name, kept))
+    )
+    assert steps == [
+        ("critical request", 3),
+        ("low queueing", 2),
+        ("LoRA soft affinity", 0),
+        ("least queuing", 1),
+        ("least KV cache", 1),
+    ]

@@ -23,17 +23,19 @@ class FakeRouter:
         self.bodies: list[bytes | None] = []
         self.errors: list[errors.PickerError] = []
         self.done: list[Completion] = []
+        self.explained: list[bool] = []
         self.fail = fail
         self.rewrite = rewrite
         self.now = 0.0
 
-    def route(self, data: bytes | None) -> Routing:
+    def route(self, data: bytes | None, explain: bool) -> Routing:
         self.bodies.append(data)
+        self.explained.append(explain)
         if self.fail is not None:
             raise self.fail
         if self.rewrite is not None:
             return Routing("10.0.0.9:8000", self.rewrite, rewritten=True, model="m", target="t")
-        return Routing("10.0.0.9:8000", data, rewritten=False, model="m", target="m")
+        return Routing("10.0.0.9:8000", data, rewritten=False, model="m", target="m", explain="path")
 
     def stream(self, settings: StreamSettings = SETTINGS) -> RequestStream:
         return RequestStream(
@@ -278,3 +280,27 @@ def test_second_headers_message_is_a_protocol_error():
     stream.handle(post_headers())
     [answer] = stream.handle(post_headers())
     assert answer.immediate_response.status.code == 500
+
+
+EXPLAINING = StreamSettings(10, "x-dest", "envoy.lb", explain_header="x-explain")
+
+
+@pytest.mark.parametrize(("asked", "settings"), [(True, EXPLAINING), (False, EXPLAINING), (True, SETTINGS)])
+def test_the_path_comes_back_in_the_response_only_when_asked_and_enabled(asked, settings):
+    router = FakeRouter()
+    stream = router.stream(settings)
+    stream.handle(post_headers(("x-explain", "1")) if asked else post_headers())
+    stream.handle(body(b"{}"))
+    [answer] = stream.handle(response_headers((":status", "200")))
+    shown = asked and settings.explain_header is not None
+    assert router.explained == [shown]
+    assert set_headers(answer, "response_headers") == ({"x-explain": "path"} if shown else {})
+
+
+def test_an_explained_error_carries_the_path():
+    router = FakeRouter(errors.NoCapacity("full", explain="pods=1; has capacity:0; dropped"))
+    stream = router.stream(EXPLAINING)
+    stream.handle(post_headers(("x-explain", "")))
+    [answer] = stream.handle(body(b"{}"))
+    sent = {h.header.key: h.header.raw_value for h in answer.immediate_response.headers.set_headers}
+    assert sent["x-explain"] == b"pods=1; has capacity:0; dropped"

@@ -195,6 +195,9 @@ class PickerConfig(_Model):
     # Count this picker's assignments not yet seen by a scrape as waiting requests, so a burst between
     # two snapshots spreads instead of landing on the one pod that looked idle.
     count_assignments: bool = True
+    # A request carrying this header (any value) gets the scheduling path back in the same response
+    # header. Off (null) by default: it tells clients about the pool.
+    explain_header: str | None = Field(default=None, min_length=1)
 
 
 class PointsmanConfig(_Model):

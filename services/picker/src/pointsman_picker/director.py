@@ -6,6 +6,7 @@ No gRPC here: the ext_proc stream calls :meth:`Director.route` once per request 
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from pointsman_picker import errors
 from pointsman_picker.assignments import RecentAssignments
+from pointsman_picker.explain import DecisionTrace
 from pointsman_picker.extproc.request import parse_body, with_model
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.resolution import ModelCatalog
@@ -23,6 +25,11 @@ from pointsman_shared.snapshot import PoolSnapshot, is_fresh
 
 # The #423 tree is the one scheduling profile so far; decisions are labelled with it.
 PROFILE = "default"
+# Timing every filter of every decision would cost more than the filters; one decision in this many is
+# timed for inference_extension_plugin_duration_seconds.
+PLUGIN_TIMING_EVERY = 16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,7 @@ class Routing:
     model: str = ""
     target: str = ""
     assigned_at: float = 0.0  # the director's clock at the decision
+    explain: str = ""  # the path taken, when asked for (see pointsman_picker.explain)
 
 
 def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pods, bool]:
@@ -61,14 +69,18 @@ class Director:
         self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
         self._assignments = RecentAssignments() if config.picker.count_assignments else None
+        self._decisions = 0
 
-    def route(self, body: bytes | None) -> Routing:
-        """Route a request; ``body`` is ``None`` when the request has none (routed without a model)."""
+    def route(self, body: bytes | None, explain: bool = False) -> Routing:
+        """Route a request; ``body`` is ``None`` when the request has none (routed without a model).
+        With ``explain`` (or DEBUG logging) the routing carries the path taken; a
+        :class:`~pointsman_picker.errors.PickerError` raised after scheduling carries it too."""
+        explain = explain or log.isEnabledFor(logging.DEBUG)
         if body is None:
             request = SchedulingRequest(target_model=None, critical=False)
-            endpoint, result, now = self._pick(request, "", "")
+            endpoint, result, now, path = self._pick(request, "", "", explain)
             self._metrics.routed("", "", PROFILE, result)
-            return Routing(endpoint, None, rewritten=False, assigned_at=now)
+            return Routing(endpoint, None, rewritten=False, assigned_at=now, explain=path)
         parsed = parse_body(body)
         resolution = self._catalog.resolve(parsed.model, self._rng)
         if resolution is None:
@@ -76,17 +88,20 @@ class Director:
             raise errors.UnknownModel(f"no InferenceModel for model {parsed.model[:200]!r}")
         final = with_model(parsed, resolution.target)
         request = SchedulingRequest(target_model=resolution.target, critical=resolution.critical)
-        endpoint, result, now = self._pick(request, resolution.model, resolution.target)
+        endpoint, result, now, path = self._pick(request, resolution.model, resolution.target, explain)
         self._metrics.routed(resolution.model, resolution.target, PROFILE, result)
-        return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now)
+        return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now, path)
 
     def release(self, routing: Routing) -> None:
         """The request ``routing`` sent is over (its stream closed)."""
         if self._assignments is not None:
             self._assignments.release(routing.endpoint, routing.assigned_at)
 
-    def _pick(self, request: SchedulingRequest, model: str, target: str) -> tuple[str, str, float]:
-        """The endpoint, the decision's ``result`` label and the time of the decision."""
+    def _pick(
+        self, request: SchedulingRequest, model: str, target: str, explain: bool
+    ) -> tuple[str, str, float, str]:
+        """The endpoint, the decision's ``result`` label, the time of the decision and, with
+        ``explain``, the path taken."""
         snapshot = self._source.current()
         now = self._clock()
         if snapshot is not None and now - snapshot.published_at > self._max_staleness:
@@ -94,16 +109,34 @@ class Director:
         pods, stale = usable_pods(snapshot, now, self._max_staleness) if snapshot else ((), True)
         if not pods:
             if self._fail_open and self._endpoints:
-                return self._endpoints[self._rng.randrange(len(self._endpoints))], "fail_open", now
+                endpoint = self._endpoints[self._rng.randrange(len(self._endpoints))]
+                return endpoint, "fail_open", now, f"no fresh pods; failureMode FailOpen; picked {endpoint}"
             why = "no fresh pool snapshot" if snapshot is None else "the pool has no pods"
             raise errors.NoEndpoints(why, model=model, target=target)
+        self._decisions += 1
+        timed = self._decisions % PLUGIN_TIMING_EVERY == 0
+        trace = DecisionTrace(time.perf_counter) if explain or timed else None
         start = time.perf_counter()
+        recent = 0
         if self._assignments is not None:
             pods = self._assignments.adjust(pods, not_before=now - self._max_staleness)
-        outcome = self._scheduler.schedule(request, pods)
+            if explain:
+                recent = sum(self._assignments.pending().values())
+        outcome = self._scheduler.schedule(request, pods, trace)
         self._metrics.scheduler_duration.observe(time.perf_counter() - start)
+        path = ""
+        if trace is not None:
+            if timed:
+                self._metrics.filters_timed(trace.steps)
+            if explain:
+                done = (
+                    f"dropped ({outcome.reason})"
+                    if isinstance(outcome, NoCapacity)
+                    else f"picked {outcome.address}"
+                )
+                path = trace.describe(pods=len(pods), recent=recent, stale=stale, outcome=done)
         if isinstance(outcome, NoCapacity):
-            raise errors.NoCapacity(outcome.reason, model=model, target=target)
+            raise errors.NoCapacity(outcome.reason, model=model, target=target, explain=path)
         if self._assignments is not None:
             self._assignments.record(outcome.address, now)
-        return outcome.address, "picked_stale" if stale else "picked", now
+        return outcome.address, "picked_stale" if stale else "picked", now, path

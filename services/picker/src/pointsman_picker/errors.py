@@ -28,11 +28,12 @@ class PickerError(Exception):
     code: ClassVar[str] = "Internal"
     result: ClassVar[str] = "internal"
 
-    def __init__(self, message: str, *, model: str = "", target: str = "") -> None:
+    def __init__(self, message: str, *, model: str = "", target: str = "", explain: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.model = model
         self.target = target
+        self.explain = explain  # the scheduling path, when it was asked for
 
 
 class BadRequest(PickerError):
@@ -69,6 +70,12 @@ class Internal(PickerError):
     pass
 
 
-def error_response(error: PickerError) -> pb.ProcessingResponse:
+def error_response(error: PickerError, explain_header: str | None = None) -> pb.ProcessingResponse:
+    """The ImmediateResponse for ``error``; with ``explain_header``, the scheduling path in that header."""
     body = orjson.dumps({"error": {"code": error.status, "message": error.message}})
-    return responses.immediate(error.status, body, details=f"pointsman_{error.result}")
+    response = responses.immediate(error.status, body, details=f"pointsman_{error.result}")
+    if explain_header and error.explain:
+        response.immediate_response.headers.set_headers.append(
+            responses.header(explain_header, error.explain)
+        )
+    return response

@@ -95,6 +95,13 @@ class PickerMetrics:
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
+        self.plugin_duration = Histogram(
+            "inference_extension_plugin_duration_seconds",
+            "Time one filter of the scheduling tree took (one decision in 16 is timed).",
+            ["plugin_type", "plugin_name"],
+            buckets=SCHEDULER_BUCKETS,
+            registry=registry,
+        )
         self._routed: dict[tuple[str, str, str, str], tuple[Counter, Counter]] = {}
 
     def routed(self, model: str, target: str, profile: str, result: str) -> None:
@@ -113,6 +120,10 @@ class PickerMetrics:
         """``model`` must be a configured model or "" (never raw client input: unbounded labels)."""
         self.request_errors.labels(model, target, error_code).inc()
         self.decisions.labels(profile, result).inc()
+
+    def filters_timed(self, steps: list[tuple[str, int, float]]) -> None:
+        for name, _, seconds in steps:
+            self.plugin_duration.labels("filter", name).observe(seconds)
 
     def completed(self, done: Completion) -> None:
         """A response Envoy showed the picker has ended; an HTTP error status counts as an error."""

@@ -63,7 +63,12 @@ class PickerApp:
         picker = config.picker
         self.servicer = ExtProcServicer(
             self.director.route,
-            StreamSettings(picker.max_body_bytes, picker.destination_header, picker.metadata_namespace),
+            StreamSettings(
+                picker.max_body_bytes,
+                picker.destination_header,
+                picker.metadata_namespace,
+                picker.explain_header.lower() if picker.explain_header else None,
+            ),
             on_error=self._record_error,
             on_complete=self.metrics.completed,
             on_finish=self.director.release,

@@ -130,6 +130,15 @@ def response_headers_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
 
 
+def response_headers_with(name: str, value: str) -> pb.ProcessingResponse:
+    """Response headers passed on with one header added (the explained decision)."""
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=[header(name, value)]))
+        )
+    )
+
+
 def response_body_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse())
 

@@ -46,7 +46,7 @@ _EVENT_STREAM = "text/event-stream"
 _LOG_LEVELS = {429: logging.DEBUG, 503: logging.DEBUG, 500: logging.WARNING}
 _MAX_REQUEST_ID = 128
 
-Route = Callable[[bytes | None], Routing]
+Route = Callable[[bytes | None, bool], Routing]  # (body, explain) -> routing
 ErrorSink = Callable[[PickerError], None]
 Clock = Callable[[], float]
 
@@ -82,6 +82,7 @@ class StreamSettings:
     max_body_bytes: int
     destination_header: str
     metadata_namespace: str
+    explain_header: str | None = None  # lower case, as Envoy sends header names
 
 
 class RequestLog(logging.LoggerAdapter[logging.Logger]):
@@ -118,6 +119,7 @@ class RequestStream:
         self._status = 0
         self._response_bytes = 0
         self._usage: UsageScanner | None = None
+        self._explain = False
 
     @property
     def failed(self) -> bool:
@@ -153,6 +155,8 @@ class RequestStream:
             self._started = self._clock()
         self.request_id = (_header(headers, REQUEST_ID_HEADER) or str(uuid.uuid4()))[:_MAX_REQUEST_ID]
         self.log = RequestLog(log, {"request_id": self.request_id})
+        explain_header = self._settings.explain_header
+        self._explain = explain_header is not None and _header(headers, explain_header) is not None
         if headers.end_of_stream:
             return self._decide(None)
         self.phase = Phase.BODY
@@ -191,7 +195,7 @@ class RequestStream:
 
     def _decide(self, body: bytes | None, chunks: int = 1) -> list[pb.ProcessingResponse]:
         try:
-            routing = self._route(body)
+            routing = self._route(body, self._explain)
         except PickerError as exc:
             return self._fail(exc)
         except Exception:
@@ -200,7 +204,13 @@ class RequestStream:
         self.phase = Phase.ROUTED
         self.routing = routing
         settings = self._settings
-        self.log.debug("model %r -> %r routed to %s", routing.model, routing.target, routing.endpoint)
+        self.log.debug(
+            "model %r -> %r routed to %s [%s]",
+            routing.model,
+            routing.target,
+            routing.endpoint,
+            routing.explain,
+        )
         if routing.body is None:
             return [
                 responses.request_headers_routed(
@@ -242,6 +252,9 @@ class RequestStream:
         )
         if headers.end_of_stream:
             self._complete()
+        routing = self.routing
+        if self._explain and routing is not None and self._settings.explain_header:
+            return [responses.response_headers_with(self._settings.explain_header, routing.explain)]
         return [responses.response_headers_continue()]
 
     def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
@@ -281,10 +294,14 @@ class RequestStream:
         self.phase = Phase.FAILED
         self._chunks = []
         self.log.log(
-            _LOG_LEVELS.get(error.status, logging.INFO), "answering %d: %s", error.status, error.message
+            _LOG_LEVELS.get(error.status, logging.INFO),
+            "answering %d: %s%s",
+            error.status,
+            error.message,
+            f" [{error.explain}]" if error.explain else "",
         )
         self._on_error(error)
-        return [error_response(error)]
+        return [error_response(error, self._settings.explain_header if self._explain else None)]
 
 
 def _header(headers: pb.HttpHeaders, name: str) -> str | None:

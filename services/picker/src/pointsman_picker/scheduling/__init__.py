@@ -3,7 +3,7 @@
 No gRPC, Redis, HTTP or clock in here (a test enforces it).
 """
 
-from pointsman_picker.scheduling.filters import Drop, FilterFn, Node, run_tree
+from pointsman_picker.scheduling.filters import Drop, FilterFn, Node, StepSink, run_tree
 from pointsman_picker.scheduling.scheduler import Scheduler
 from pointsman_picker.scheduling.tree import build_tree
 from pointsman_picker.scheduling.types import NoCapacity, Pods, SchedulingRequest
@@ -16,6 +16,7 @@ __all__ = [
     "Pods",
     "Scheduler",
     "SchedulingRequest",
+    "StepSink",
     "build_tree",
     "run_tree",
 ]

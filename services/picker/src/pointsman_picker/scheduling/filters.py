@@ -14,6 +14,8 @@ from pointsman_picker.scheduling.types import Pods, SchedulingRequest
 from pointsman_shared.snapshot import PodSnapshot
 
 FilterFn = Callable[[SchedulingRequest, Pods, random.Random], Pods]
+# Told each node's name and how many pods it kept, in walk order (to explain a decision, to time nodes).
+StepSink = Callable[[str, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +38,14 @@ def either_way(name: str, fn: FilterFn, next_node: Node | Drop | None = None) ->
     return Node(name, fn, on_success=next_node, on_failure=next_node)
 
 
-def run_tree(root: Node, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods | Drop:
+def run_tree(
+    root: Node, request: SchedulingRequest, pods: Pods, rng: random.Random, on_step: StepSink | None = None
+) -> Pods | Drop:
     node = root
     while True:
         kept = node.filter(request, pods, rng)
+        if on_step is not None:
+            on_step(node.name, len(kept))
         branch = node.on_success if kept else node.on_failure
         if branch is None:
             return kept

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from pointsman_picker.scheduling.filters import Drop, Node, run_tree
+from pointsman_picker.scheduling.filters import Drop, Node, StepSink, run_tree
 from pointsman_picker.scheduling.tree import build_tree
 from pointsman_picker.scheduling.types import NoCapacity, Pods, SchedulingRequest
 from pointsman_shared.config import SchedulingConfig
@@ -16,8 +16,10 @@ class Scheduler:
         self._root = root if root is not None else build_tree(config)
         self._rng = rng
 
-    def schedule(self, request: SchedulingRequest, pods: Pods) -> PodSnapshot | NoCapacity:
-        result = run_tree(self._root, request, pods, self._rng)
+    def schedule(
+        self, request: SchedulingRequest, pods: Pods, on_step: StepSink | None = None
+    ) -> PodSnapshot | NoCapacity:
+        result = run_tree(self._root, request, pods, self._rng, on_step)
         if isinstance(result, Drop):
             return NoCapacity(result.reason)
         if not result:
