@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from deploy_kit import COMPOSE_FILE, REPO, load_yaml
 
-from pointsman_devstack import compose
+from pointsman_devstack import deploy
 from pointsman_devstack.stack import served_models
 from pointsman_shared.config import load_config, split_host_port
 
@@ -70,17 +70,17 @@ def test_start_order_waits_for_health() -> None:
         for dependency, condition in service.get("depends_on", {}).items():
             assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
             assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
-    assert set(SERVICES["envoy"]["depends_on"]) == set(compose.COMPOSE_PICKERS)
-    for picker in compose.COMPOSE_PICKERS:
+    assert set(SERVICES["envoy"]["depends_on"]) == set(deploy.COMPOSE_PICKERS)
+    for picker in deploy.COMPOSE_PICKERS:
         assert set(SERVICES[picker]["depends_on"]) >= {"collector", "redis"}
     assert set(SERVICES["collector"]["depends_on"]) >= {"redis", *SIMS}
 
 
 def test_pointsman_services_run_read_only_and_mount_the_compose_config() -> None:
-    for name in ("collector", *compose.COMPOSE_PICKERS, *SIMS):
+    for name in ("collector", *deploy.COMPOSE_PICKERS, *SIMS):
         assert SERVICES[name]["read_only"] is True, name
         assert SERVICES[name]["cap_drop"] == ["ALL"], name
-    for name in ("collector", *compose.COMPOSE_PICKERS):
+    for name in ("collector", *deploy.COMPOSE_PICKERS):
         assert (f"./{CONFIG_PATH}", "/etc/pointsman/config.yaml") in _mounts(SERVICES[name])
 
 
@@ -103,18 +103,18 @@ def test_simulator_pods_serve_what_the_models_resolve_to(name: str) -> None:
 
 def test_envoy_mounts_the_generated_bootstrap_and_it_is_up_to_date() -> None:
     assert ("./deploy/envoy/envoy-compose.yaml", "/etc/envoy/envoy.yaml") in _mounts(SERVICES["envoy"])
-    expected = compose.compose_config(CONFIG_PATH, root=REPO)
+    expected = deploy.compose_config(CONFIG_PATH, root=REPO)
     actual = (REPO / "deploy/envoy/envoy-compose.yaml").read_text(encoding="utf-8")
-    assert actual == expected, "regenerate: .venv/bin/python -m pointsman_devstack.compose"
+    assert actual == expected, "regenerate: .venv/bin/python -m pointsman_devstack.deploy"
 
 
 def test_envoy_reaches_every_picker_replica_by_name() -> None:
-    bootstrap = compose.compose_bootstrap(compose.compose_options(CONFIG))
+    bootstrap = deploy.compose_bootstrap(deploy.compose_options(CONFIG))
     (cluster,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "pointsman_picker"]
     assert cluster["type"] == "STRICT_DNS"
     endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
     dialled = {e["endpoint"]["address"]["socket_address"]["address"] for e in endpoints}
-    assert dialled == set(compose.COMPOSE_PICKERS)
+    assert dialled == set(deploy.COMPOSE_PICKERS)
     assert dialled <= set(SERVICES)
 
 
@@ -126,7 +126,7 @@ def test_prometheus_scrapes_collector_pickers_and_pods_where_they_listen() -> No
     collector_port = split_host_port(CONFIG.collector.listen)[1]
     picker_port = split_host_port(CONFIG.picker.metrics_listen)[1]
     assert jobs["collector"] == [f"collector:{collector_port}"]
-    assert jobs["picker"] == [f"{p}:{picker_port}" for p in compose.COMPOSE_PICKERS]
+    assert jobs["picker"] == [f"{p}:{picker_port}" for p in deploy.COMPOSE_PICKERS]
     assert jobs["pods"] == [f"{name}:8000" for name in SIMS]
     for targets in jobs.values():
         assert {t.split(":")[0] for t in targets} <= set(SERVICES)

@@ -1,28 +1,49 @@
-"""Every Envoy bootstrap in the repository passes ``envoy --mode validate``."""
+"""Every Envoy bootstrap in the repository passes ``envoy --mode validate``, and the generated ones are
+up to date."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from deploy_kit import REPO, load_yaml
+from deploy_kit import REPO, load_all_yaml, load_yaml
 
-from pointsman_devstack import envoy
+from pointsman_devstack import deploy, envoy
 
 BOOTSTRAPS = sorted(
     path
     for path in (REPO / "deploy").rglob("*.yaml")
-    if isinstance(doc := load_yaml(path), dict) and "static_resources" in doc
+    if any("static_resources" in doc for doc in load_all_yaml(path) if isinstance(doc, dict))
 )
 
 
-def test_the_compose_and_local_bootstraps_are_found() -> None:
+@pytest.fixture(scope="module")
+def picker_tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Certificates made the way docs/deploy.md says (deploy/k8s/picker-tls.sh): Envoy loads them to
+    validate a bootstrap that names them."""
+    directory = tmp_path_factory.mktemp("tls")
+    subprocess.run([str(REPO / "deploy/k8s/picker-tls.sh"), str(directory)], check=True, capture_output=True)
+    return directory
+
+
+def test_every_variant_is_found() -> None:
     names = {p.relative_to(REPO).as_posix() for p in BOOTSTRAPS}
-    assert {"deploy/envoy/envoy.yaml", "deploy/envoy/envoy-compose.yaml"} <= names
+    assert names >= {
+        "deploy/envoy/envoy.yaml",
+        "deploy/envoy/envoy-compose.yaml",
+        "deploy/k8s/base/picker-tls-proxy.yaml",
+        "deploy/k8s/overlays/standalone-envoy/envoy.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", BOOTSTRAPS, ids=lambda p: p.relative_to(REPO).as_posix())
-def test_envoy_accepts(path: Path) -> None:
+def test_envoy_accepts(path: Path, picker_tls: Path, tmp_path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    if deploy.KUBERNETES_TLS_DIR in text:
+        # The Secret's mount point in the pod, here the certificates made above.
+        path = tmp_path / path.name
+        path.write_text(text.replace(deploy.KUBERNETES_TLS_DIR, str(picker_tls)), encoding="utf-8")
     envoy.validate(path)
 
 
@@ -36,3 +57,20 @@ def test_clusters_dialling_names_resolve_them_with_dns(path: Path) -> None:
             for endpoint in group["lb_endpoints"]:
                 host = endpoint["endpoint"]["address"]["socket_address"]["address"]
                 assert host.replace(".", "").isdigit() or ":" in host, f"{cluster['name']}: {host}"
+
+
+def test_the_standalone_kubernetes_bootstrap_is_up_to_date() -> None:
+    expected = deploy.kubernetes_config("deploy/k8s/base/pointsman.yaml", root=REPO)
+    actual = (REPO / "deploy/k8s/overlays/standalone-envoy/envoy.yaml").read_text(encoding="utf-8")
+    assert actual == expected, (
+        "regenerate: .venv/bin/python -m pointsman_devstack.deploy --variant kubernetes"
+    )
+
+
+def test_the_standalone_bootstrap_verifies_the_picker_certificate() -> None:
+    doc = load_yaml(REPO / "deploy/k8s/overlays/standalone-envoy/envoy.yaml")
+    (picker,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == envoy.PICKER_CLUSTER]
+    tls = picker["transport_socket"]["typed_config"]
+    assert tls["sni"] == deploy.KUBERNETES_PICKER
+    validation = tls["common_tls_context"]["validation_context"]
+    assert validation["trusted_ca"]["filename"] == f"{deploy.KUBERNETES_TLS_DIR}/ca.crt"

@@ -1,0 +1,273 @@
+"""deploy/k8s: every overlay builds with `kubectl kustomize`, every object validates against the Kubernetes
+schemas (kubernetes-validate, offline) or our CRDs' schemas, and the pieces agree with each other: the
+Pointsman config parses and names the pods the overlay runs, the InferenceModels are the config's models,
+the gateway objects point at the picker Service and the pool."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_kit import REPO
+
+from pointsman_devstack.stack import served_models
+from pointsman_shared.config import PointsmanConfig, parse_config
+
+K8S = REPO / "deploy/k8s"
+OVERLAYS = ("sim", "vllm", "envoy-gateway", "standalone-envoy")
+POOL_OVERLAYS = ("sim", "vllm")
+KUBERNETES_VERSION = "1.33"
+# Kinds from other projects' CRDs: checked here by what refers to what, not by schema.
+THIRD_PARTY = {
+    "monitoring.coreos.com/v1": {"ServiceMonitor", "PodMonitor"},
+    "gateway.networking.k8s.io/v1": {"GatewayClass", "Gateway", "HTTPRoute"},
+    "gateway.envoyproxy.io/v1alpha1": {"EnvoyExtensionPolicy", "EnvoyPatchPolicy", "BackendTrafficPolicy"},
+}
+Objects = list[dict[str, Any]]
+
+
+@functools.cache
+def _build(target: str) -> tuple[dict[str, Any], ...]:
+    kubectl = Path(sys.executable).parent / "kubectl"
+    result = subprocess.run(
+        [str(kubectl), "kustomize", str(K8S / target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def _objects(target: str) -> Objects:
+    return list(_build(target))
+
+
+def _find(objects: Objects, kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+
+
+def _one(objects: Objects, kind: str, name: str) -> dict[str, Any]:
+    (found,) = _find(objects, kind, name)
+    return found
+
+
+def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    schemas = {}
+    for crd in _find(_objects("base"), "CustomResourceDefinition"):
+        for version in crd["spec"]["versions"]:
+            api_version = f"{crd['spec']['group']}/{version['name']}"
+            schemas[(api_version, crd["spec"]["names"]["kind"])] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _pointsman_config(objects: Objects) -> PointsmanConfig:
+    (config_map,) = [
+        o for o in _find(objects, "ConfigMap") if o["metadata"]["name"].startswith("pointsman-config")
+    ]
+    return parse_config(yaml.safe_load(config_map["data"]["pointsman.yaml"]), source="pointsman-config")
+
+
+@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in OVERLAYS]])
+def test_builds_and_every_object_validates(target: str) -> None:
+    crds = _crd_schemas()
+    unchecked = []
+    for obj in _objects(target):
+        key = (obj["apiVersion"], obj["kind"])
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        if key in crds:
+            jsonschema.validate(obj, crds[key])
+        elif obj["kind"] in THIRD_PARTY.get(obj["apiVersion"], ()):
+            unchecked.append(where)
+        else:
+            try:
+                kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{target}: {where}: {exc.message} at {list(exc.path)}")
+    assert all(u.split("/")[0] in set().union(*THIRD_PARTY.values()) for u in unchecked)
+
+
+def test_the_validator_rejects_a_misspelt_field() -> None:
+    deployment = dict(_one(_objects("base"), "Deployment", "pointsman-picker"))
+    deployment["spec"] = {**deployment["spec"], "replica": 3}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_crd_schema_rejects_a_bad_criticality() -> None:
+    model = _one(_objects("base"), "InferenceModel", "sql-lora")
+    bad = {**model, "spec": {**model["spec"], "criticality": "Important"}}
+    schema = _crd_schemas()[("inference.networking.x-k8s.io/v1alpha2", "InferenceModel")]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in POOL_OVERLAYS]])
+def test_the_pointsman_config_parses_and_matches_the_inference_models(target: str) -> None:
+    objects = _objects(target)
+    config = _pointsman_config(objects)
+    pool = _one(objects, "InferencePool", config.pool.name)
+    assert pool["spec"]["targetPortNumber"] == config.pool.target_port
+    declared = {
+        m["spec"]["modelName"]: (m["spec"].get("criticality"), m["spec"].get("targetModels", []))
+        for m in _find(objects, "InferenceModel")
+    }
+    configured = {
+        m.model_name: (
+            m.criticality.value if m.criticality else None,
+            [t.model_dump(exclude_none=True) for t in m.target_models],
+        )
+        for m in config.models
+    }
+    assert declared == configured
+    assert {m["spec"]["poolRef"]["name"] for m in _find(objects, "InferenceModel")} == {config.pool.name}
+
+
+@pytest.mark.parametrize("overlay", POOL_OVERLAYS)
+def test_the_pool_is_the_overlay_s_model_server_services(overlay: str) -> None:
+    objects = _objects(f"overlays/{overlay}")
+    config = _pointsman_config(objects)
+    pods = _one(objects, "StatefulSet", "model-server")
+    services = sorted(
+        (s for s in _find(objects, "Service") if s["metadata"]["name"].startswith("model-server-")),
+        key=lambda s: s["metadata"]["name"],
+    )
+    assert len(services) == pods["spec"]["replicas"]
+    addresses = [f"{s['spec']['clusterIP']}:{s['spec']['ports'][0]['port']}" for s in services]
+    assert list(config.pool.endpoints) == addresses
+    for i, service in enumerate(services):
+        ipaddress.ip_address(service["spec"]["clusterIP"])  # ORIGINAL_DST takes IPs only
+        assert service["spec"]["selector"] == {"statefulset.kubernetes.io/pod-name": f"model-server-{i}"}
+    pool = _one(objects, "InferencePool", config.pool.name)
+    labels = pods["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"].items() <= labels.items()
+
+
+def test_vllm_serves_the_adapters_with_four_lora_slots_on_a_gpu() -> None:
+    objects = _objects("overlays/vllm")
+    (container,) = _one(objects, "StatefulSet", "model-server")["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert "--enable-lora" in args
+    assert "--max-loras=4" in args
+    modules = args[args.index("--lora-modules") + 1 :]
+    _base, adapters = served_models(_pointsman_config(objects))
+    assert [m.split("=")[0] for m in modules] == list(adapters)
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+
+
+def test_picker_is_reached_only_through_its_tls_sidecar() -> None:
+    objects = _objects("base")
+    config = _pointsman_config(objects)
+    assert config.picker.listen.startswith("127.0.0.1:")
+    proxy = yaml.safe_load(
+        next(
+            o
+            for o in _find(objects, "ConfigMap")
+            if o["metadata"]["name"].startswith("pointsman-picker-tls-proxy")
+        )["data"]["envoy.yaml"]
+    )
+    (cluster,) = proxy["static_resources"]["clusters"]
+    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert (
+        f"{address['socket_address']['address']}:{address['socket_address']['port_value']}"
+        == config.picker.listen
+    )
+    (listener,) = proxy["static_resources"]["listeners"]
+    tls_port = listener["address"]["socket_address"]["port_value"]
+    service = _one(objects, "Service", "pointsman-picker")
+    (extproc,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc-extproc"]
+    pod = _one(objects, "Deployment", "pointsman-picker")["spec"]["template"]["spec"]
+    ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+    assert ports[extproc["targetPort"]] == tls_port
+    pool = _one(objects, "InferencePool", config.pool.name)
+    assert (pool["spec"]["extensionRef"]["name"], pool["spec"]["extensionRef"]["portNumber"]) == (
+        "pointsman-picker",
+        extproc["port"],
+    )
+    policy = _one(objects, "NetworkPolicy", "pointsman-picker")
+    gateway_ports = [p["port"] for rule in policy["spec"]["ingress"] if "from" in rule for p in rule["ports"]]
+    assert gateway_ports == [tls_port]
+
+
+def test_picker_has_grpc_probes_an_hpa_and_a_pdb() -> None:
+    objects = _objects("base")
+    deployment = _one(objects, "Deployment", "pointsman-picker")
+    assert deployment["spec"]["replicas"] == 3
+    (picker,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "picker"]
+    assert "grpc" in picker["readinessProbe"]
+    assert "grpc" in picker["livenessProbe"]
+    hpa = _one(objects, "HorizontalPodAutoscaler", "pointsman-picker")
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    pdb = _one(objects, "PodDisruptionBudget", "pointsman-picker")
+    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+    collector = _one(objects, "Deployment", "pointsman-collector")
+    assert collector["spec"]["replicas"] == 2
+    rules = _one(objects, "Role", "pointsman-collector")["rules"]
+    assert {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]} == {
+        ("", "pods"),
+        ("inference.networking.x-k8s.io", "inferencepools"),
+    }
+    assert all(rule["verbs"] == ["get", "list", "watch"] for rule in rules)
+
+
+def test_only_the_collector_and_pickers_reach_redis() -> None:
+    policy = _one(_objects("base"), "NetworkPolicy", "pointsman-redis")
+    (rule,) = policy["spec"]["ingress"]
+    assert sorted(p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in rule["from"]) == [
+        "collector",
+        "picker",
+    ]
+
+
+def test_every_container_runs_non_root_with_a_read_only_root() -> None:
+    for target in ("overlays/sim", "overlays/standalone-envoy"):
+        for workload in _objects(target):
+            if workload["kind"] not in ("Deployment", "StatefulSet"):
+                continue
+            pod = workload["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            for container in pod["containers"]:
+                assert container["securityContext"]["readOnlyRootFilesystem"] is True, container["name"]
+
+
+def test_envoy_gateway_objects_point_at_the_pool_and_the_picker() -> None:
+    objects = _objects("overlays/envoy-gateway")
+    base = _objects("base")
+    gateway = _one(objects, "Gateway", "inference-gateway")
+    (listener,) = gateway["spec"]["listeners"]
+    route = _one(objects, "HTTPRoute", "llm-route")
+    ((backend,),) = [rule["backendRefs"] for rule in route["spec"]["rules"]]
+    assert (backend["group"], backend["kind"]) == ("inference.networking.x-k8s.io", "InferencePool")
+    _one(base, "InferencePool", backend["name"])
+    extension = _one(objects, "EnvoyExtensionPolicy", "pointsman-ext-proc")
+    ((picker,),) = [p["backendRefs"] for p in extension["spec"]["extProc"]]
+    picker_service = _one(base, "Service", picker["name"])
+    assert picker["port"] in [p["port"] for p in picker_service["spec"]["ports"]]
+    assert extension["spec"]["extProc"][0]["processingMode"]["request"]["body"] == "Buffered"
+    patches = _one(objects, "EnvoyPatchPolicy", "pointsman-original-dst")["spec"]["jsonPatches"]
+    namespace = "pointsman"
+    names = {p["name"] for p in patches}
+    assert f"{namespace}/{gateway['metadata']['name']}/{listener['name']}" in names
+    assert f"envoyextensionpolicy/{namespace}/{extension['metadata']['name']}/extproc/0" in names
+    (cluster,) = [p["operation"]["value"] for p in patches if p["name"] == "original_destination_cluster"]
+    assert cluster["type"] == "ORIGINAL_DST"
+    assert (
+        cluster["original_dst_lb_config"]["http_header_name"]
+        == _pointsman_config(base).picker.destination_header
+    )
+
+
+def test_the_grafana_dashboards_ship_as_a_config_map() -> None:
+    config_map = _one(_objects("base"), "ConfigMap", "pointsman-grafana-dashboards")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = set(config_map["data"])
+    assert shipped == {p.name for p in (REPO / "deploy/grafana/dashboards").glob("*.json")}
