@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from pointsman_shared.model_server import PRESETS, LoraState, read_page
+from pointsman_shared.model_server import PRESETS, LoraState, MetricsPageError, read_page
 from pointsman_sim.app import POD_HEADER, create_app
 from pointsman_sim.engine import EngineConfig
 from pointsman_sim.pod import DEFAULT_MODEL, PodSpec, SimPod
@@ -183,12 +183,12 @@ async def test_models_lists_base_then_adapters(client: httpx.AsyncClient) -> Non
 async def test_pins_fix_the_metrics_page_until_cleared(client: httpx.AsyncClient) -> None:
     pin = {"waiting": 12, "running": 3, "kvCacheUsage": 0.5, "runningAdapters": ["sql-lora"], "maxLora": 2}
     response = await client.post("/control", json={"pin": pin})
-    assert response.json() == {"pin": pin}
+    assert response.json() == {"pin": pin, "fault": None}
     pinned = read_page((await client.get("/metrics")).text, PRESETS["vllm"])
     assert (pinned.waiting, pinned.running, pinned.kv_cache_usage) == (12, 3, 0.5)
     assert pinned.lora == LoraState(2, frozenset({"sql-lora"}), frozenset())
 
-    assert (await client.post("/control", json={"pin": None})).json() == {"pin": None}
+    assert (await client.post("/control", json={"pin": None})).json() == {"pin": None, "fault": None}
     live = read_page((await client.get("/metrics")).text, PRESETS["vllm"])
     assert (live.waiting, live.running, live.kv_cache_usage) == (0, 0, 0.0)
     # Idle now: the newest series has both adapter labels empty, so the reader keeps the last busy one.
@@ -267,3 +267,78 @@ async def test_client_that_goes_away_frees_the_engine(served: tuple[SimPod, str]
         await asyncio.sleep(0.01)
     assert not pod.engine.has_work
     assert pod.engine.totals().aborted == 2
+
+
+async def test_load_and_unload_lora_adapters(client: httpx.AsyncClient) -> None:
+    loaded = await client.post("/v1/load_lora_adapter", json={"lora_name": "new-lora", "lora_path": "/x"})
+    assert loaded.text == "Success: LoRA adapter 'new-lora' added successfully."
+    again = await client.post("/v1/load_lora_adapter", json={"lora_name": "new-lora", "lora_path": "/x"})
+    assert again.status_code == 400
+    models = [m["id"] for m in (await client.get("/v1/models")).json()["data"]]
+    assert models == [DEFAULT_MODEL, *ADAPTERS, "new-lora"]
+    assert (
+        await client.post("/v1/completions", json=completion("new-lora", max_tokens=2))
+    ).status_code == 200
+
+    removed = await client.post("/v1/unload_lora_adapter", json={"lora_name": "new-lora"})
+    assert removed.text == "Success: LoRA adapter 'new-lora' removed successfully."
+    assert (await client.post("/v1/unload_lora_adapter", json={"lora_name": "new-lora"})).status_code == 404
+    assert (await client.post("/v1/completions", json=completion("new-lora"))).status_code == 404
+    assert (await client.post("/v1/load_lora_adapter", json={})).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("fault", "check"),
+    [
+        pytest.param({"metricsStatus": 503}, lambda r: r.status_code == 503, id="metrics-status"),
+        pytest.param({"metricsMalformed": True}, lambda r: not _parses(r.text), id="malformed"),
+    ],
+)
+async def test_metrics_faults(
+    client: httpx.AsyncClient, fault: dict[str, object], check: Callable[[httpx.Response], bool]
+) -> None:
+    assert (await client.post("/control", json={"fault": fault})).json() == {"pin": None, "fault": fault}
+    assert check(await client.get("/metrics"))
+    await client.post("/control", json={"fault": None})
+    assert (await client.get("/metrics")).status_code == 200
+
+
+def _parses(page: str) -> bool:
+    try:
+        read_page(page, PRESETS["vllm"])
+    except MetricsPageError:
+        return False
+    return True
+
+
+async def test_inference_fault_answers_with_its_status(client: httpx.AsyncClient) -> None:
+    await client.post("/control", json={"fault": {"inferenceStatus": 500}})
+    response = await client.post("/v1/completions", json=completion())
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "injected fault: inference fails"
+
+
+async def test_paused_pod_queues_requests_until_resumed(pod: SimPod, client: httpx.AsyncClient) -> None:
+    await client.post("/control", json={"fault": {"paused": True}})
+    pending = asyncio.create_task(client.post("/v1/completions", json=completion(max_tokens=3)))
+    for _ in range(100):
+        if pod.engine.waiting_count:
+            break
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    assert (pod.engine.waiting_count, pending.done()) == (1, False)
+    await client.post("/control", json={"fault": None})
+    assert (await pending).status_code == 200
+
+
+async def test_dropped_connections_and_slow_metrics(served: tuple[SimPod, str]) -> None:
+    _, address = served
+    async with httpx.AsyncClient(base_url=f"http://{address}") as client:
+        await client.post("/control", json={"fault": {"dropConnections": True}})
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get("/metrics")
+        await client.post("/control", json={"fault": {"metricsDelayMs": 300}})
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get("/metrics", timeout=0.1)
+        await client.post("/control", json={"fault": None})
+        assert (await client.get("/metrics")).status_code == 200

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pointsman_sim.control import ControlError, Pins, parse_control
+from pointsman_sim.control import ControlChange, ControlError, Faults, Pins, parse_control
 from pointsman_sim.metrics import Load
 
 LIVE = Load(
@@ -40,7 +40,41 @@ LIVE = Load(
     ],
 )
 def test_parse_control(body: object, pins: Pins | None) -> None:
-    assert parse_control(body) == pins
+    assert parse_control(body) == ControlChange(True, pins, False, None)
+
+
+@pytest.mark.parametrize(
+    ("body", "change"),
+    [
+        pytest.param({"fault": None}, ControlChange(False, None, True, None), id="clear"),
+        pytest.param(
+            {"fault": {"metricsDelayMs": 300, "metricsStatus": 503, "paused": True}},
+            ControlChange(False, None, True, Faults(metrics_delay_ms=300, metrics_status=503, paused=True)),
+            id="some",
+        ),
+        pytest.param(
+            {
+                "pin": {"waiting": 1},
+                "fault": {"inferenceStatus": 500, "dropConnections": True, "metricsMalformed": True},
+            },
+            ControlChange(
+                True,
+                Pins(waiting=1),
+                True,
+                Faults(inference_status=500, drop_connections=True, metrics_malformed=True),
+            ),
+            id="pins-and-faults",
+        ),
+    ],
+)
+def test_parse_control_faults(body: object, change: ControlChange) -> None:
+    assert parse_control(body) == change
+
+
+def test_faults_round_trip_through_json() -> None:
+    faults = Faults(metrics_delay_ms=10, paused=True)
+    assert faults.to_json() == {"metricsDelayMs": 10, "paused": True}
+    assert parse_control({"fault": faults.to_json()}).faults == faults
 
 
 @pytest.mark.parametrize(
@@ -57,6 +91,11 @@ def test_parse_control(body: object, pins: Pins | None) -> None:
         pytest.param({"pin": {"kvCacheUsage": 1.5}}, id="kv-above-one"),
         pytest.param({"pin": {"runningAdapters": "a,b"}}, id="adapters-as-string"),
         pytest.param({"pin": {"waitingAdapters": ["a,b"]}}, id="adapter-with-comma"),
+        pytest.param({"fault": {"metricsStatus": 200}}, id="status-not-an-error"),
+        pytest.param({"fault": {"paused": 1}}, id="flag-not-bool"),
+        pytest.param({"fault": {"metricsDelayMs": -5}}, id="negative-delay"),
+        pytest.param({"fault": {"slow": True}}, id="unknown-fault"),
+        pytest.param({"fault": []}, id="fault-not-object"),
     ],
 )
 def test_parse_control_rejects(body: object) -> None:
@@ -72,4 +111,4 @@ def test_pins_override_only_what_they_name() -> None:
 def test_pins_round_trip_through_json() -> None:
     pins = Pins(running=3, running_adapters=frozenset({"y", "x"}), max_lora=1)
     assert pins.to_json() == {"running": 3, "runningAdapters": ["x", "y"], "maxLora": 1}
-    assert parse_control({"pin": pins.to_json()}) == pins
+    assert parse_control({"pin": pins.to_json()}).pins == pins

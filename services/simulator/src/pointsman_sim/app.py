@@ -6,9 +6,14 @@ Routes:
   chunks, a usage chunk when ``stream_options.include_usage`` is true, then ``data: [DONE]``.
 - ``GET /v1/models``: the base model, then each adapter with ``parent`` = the base model.
 - ``GET /metrics``: vLLM's Prometheus page (pins applied); ``GET /health``: 200 while serving.
+- ``POST /v1/load_lora_adapter`` ``{"lora_name": ..., "lora_path": ...}`` serves one more adapter (400
+  if already served); ``POST /v1/unload_lora_adapter`` ``{"lora_name": ...}`` stops serving one (404 if
+  unknown); both answer with vLLM's plain-text success line.
 - ``POST /control``: ``{"pin": {"waiting": 12, "running": 3, "kvCacheUsage": 0.5,
   "runningAdapters": ["a"], "waitingAdapters": [], "maxLora": 4}}`` (any subset of the keys) replaces
-  the pins, ``{"pin": null}`` clears them; answers ``{"pin": <the pins now> | null}``. Errors: 400.
+  the pins, ``{"pin": null}`` clears them; ``{"fault": {...}}`` likewise for injected faults
+  (:mod:`pointsman_sim.control` lists them); answers ``{"pin": <pins> | null, "fault": <faults> |
+  null}``. Errors: 400. Faults never apply to ``/control`` itself.
 
 Every response, errors included, carries ``x-pointsman-pod: <pod name>`` so tests can tell which pod
 served a request. Errors have vLLM's shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -61,6 +66,7 @@ def create_app(pod: SimPod) -> FastAPI:
     """The pod's app; the pod must be running (``async with pod``) for generation requests."""
     app = FastAPI(title="pointsman-sim", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(PodHeaderMiddleware, pod_name=pod.name)
+    app.add_middleware(DropConnectionsMiddleware, pod=pod)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -83,12 +89,44 @@ def create_app(pod: SimPod) -> FastAPI:
                 "max_model_len": pod.spec.engine.max_model_len if parent is None else None,
             }
 
-        cards = [card(pod.spec.model, None), *(card(a, pod.spec.model) for a in pod.spec.adapters)]
+        cards = [card(pod.spec.model, None), *(card(a, pod.spec.model) for a in pod.adapters)]
         return _json({"object": "list", "data": cards})
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        name = _lora_name(await request.body())
+        if name is None:
+            return _error(400, "BadRequestError", "lora_name is required", "lora_name")
+        try:
+            pod.load_adapter(name)
+        except ValueError as exc:
+            return _error(400, "BadRequestError", str(exc), "lora_name")
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        name = _lora_name(await request.body())
+        if name is None:
+            return _error(400, "BadRequestError", "lora_name is required", "lora_name")
+        try:
+            pod.unload_adapter(name)
+        except UnknownModel:
+            return _error(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.", "lora_name")
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.", media_type="text/plain")
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(pod.metrics_page(), media_type=CONTENT_TYPE)
+        faults = pod.faults
+        if faults is None:
+            return Response(pod.metrics_page(), media_type=CONTENT_TYPE)
+        if faults.metrics_delay_ms:
+            await asyncio.sleep(faults.metrics_delay_ms / 1000)
+        if faults.metrics_status is not None:
+            return _error(faults.metrics_status, "InternalServerError", "injected fault: /metrics fails")
+        page = pod.metrics_page()
+        if faults.metrics_malformed:
+            page = malformed(page)
+        return Response(page, media_type=CONTENT_TYPE)
 
     @app.get("/health")
     async def health() -> Response:
@@ -97,12 +135,21 @@ def create_app(pod: SimPod) -> FastAPI:
     @app.post("/control")
     async def control(request: Request) -> Response:
         try:
-            pod.pins = parse_control(orjson.loads(await request.body()))
+            change = parse_control(orjson.loads(await request.body()))
         except orjson.JSONDecodeError as exc:
             return _error(400, "BadRequestError", f"the body is not JSON: {exc}")
         except ControlError as exc:
             return _error(400, "BadRequestError", str(exc), "pin")
-        return _json({"pin": None if pod.pins is None else pod.pins.to_json()})
+        if change.sets_pins:
+            pod.pins = change.pins
+        if change.sets_faults:
+            pod.set_faults(change.faults)
+        return _json(
+            {
+                "pin": None if pod.pins is None else pod.pins.to_json(),
+                "fault": None if pod.faults is None else pod.faults.to_json(),
+            }
+        )
 
     return app
 
@@ -120,6 +167,8 @@ async def _generate(
         return _error(400, "BadRequestError", f"the body is not JSON: {exc}")
     except ProtocolError as exc:
         return _error(400, "BadRequestError", str(exc), exc.param)
+    if pod.faults is not None and pod.faults.inference_status is not None:
+        return _error(pod.faults.inference_status, "InternalServerError", "injected fault: inference fails")
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     try:
         stream = pod.submit(request_id, call.model, call.prompt_tokens, call.max_tokens)
@@ -196,6 +245,45 @@ def _json(payload: dict[str, object], status_code: int = 200) -> Response:
 
 def _error(status_code: int, error_type: str, message: str, param: str | None = None) -> Response:
     return _json(error_body(message, error_type, status_code, param), status_code)
+
+
+def _lora_name(body: bytes) -> str | None:
+    try:
+        fields = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    name = fields.get("lora_name") if isinstance(fields, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def malformed(page: str) -> str:
+    """The page with a sample line no Prometheus parser accepts, and cut off mid-line."""
+    broken = page.replace("vllm:num_requests_running{", 'vllm:num_requests_running{engine="0" garbage,', 1)
+    return broken[: len(broken) * 2 // 3]
+
+
+class DropConnectionsMiddleware:
+    """With the ``dropConnections`` fault, cut every response but ``/control``'s off after its headers.
+
+    Returning without finishing the body makes the server close the connection, so the client sees
+    the connection drop mid-response.
+    """
+
+    def __init__(self, app: ASGIApp, pod: SimPod) -> None:
+        self._app = app
+        self._pod = pod
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        faults = self._pod.faults
+        if (
+            scope["type"] != "http"
+            or faults is None
+            or not faults.drop_connections
+            or scope["path"] == "/control"
+        ):
+            await self._app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1000")]})
 
 
 class PodHeaderMiddleware:

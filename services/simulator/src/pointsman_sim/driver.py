@@ -71,6 +71,8 @@ class EngineDriver:
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = asyncio.Event()
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
         self._task: asyncio.Task[None] | None = None
 
     def now(self) -> float:
@@ -101,6 +103,13 @@ class EngineDriver:
         count = len(self._streams)
         self._end_streams()
         return count
+
+    def set_paused(self, paused: bool) -> None:
+        """Stop stepping the engine (a stalled pod: requests queue, none progress), or go on."""
+        if paused:
+            self._unpaused.clear()
+        else:
+            self._unpaused.set()
 
     async def __aenter__(self) -> EngineDriver:
         self._task = asyncio.create_task(self._run(), name="engine-driver")
@@ -137,10 +146,14 @@ class EngineDriver:
     async def _loop(self) -> None:
         planned_start: float | None = None  # the previous step's end, while steps run back to back
         while True:
+            if not self._unpaused.is_set():
+                await self._unpaused.wait()
+                planned_start = None
             if not self.engine.has_work:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 planned_start = None
+                continue  # paused meanwhile, perhaps
             now = self.now()
             start = now if planned_start is None else max(planned_start, now - _MAX_LAG_S * self._speedup)
             result = self.engine.step(start)

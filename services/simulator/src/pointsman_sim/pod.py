@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from pointsman_sim.control import Pins
+from pointsman_sim.control import Faults, Pins
 from pointsman_sim.driver import EngineDriver, RequestStream
 from pointsman_sim.engine import Engine, EngineConfig, StepResult
 from pointsman_sim.metrics import Load, PodMetrics
@@ -55,9 +55,35 @@ class SimPod:
             lora_semantics=spec.lora_info_labels,
         )
         self.pins: Pins | None = None
+        self.faults: Faults | None = None
         self.started_at = int(wall_clock())
         self._wall_clock = wall_clock
-        self._adapters = frozenset(spec.adapters)
+        self._adapters = list(spec.adapters)  # in serving order; changed by load/unload_adapter
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(self._adapters)
+
+    def set_faults(self, faults: Faults | None) -> None:
+        self.faults = faults
+        self.driver.set_paused(faults is not None and faults.paused)
+
+    def load_adapter(self, name: str) -> None:
+        """Serve one more adapter (vLLM loads its weights at first use); raise ``ValueError``."""
+        if name in self._adapters or name == self.spec.model:
+            raise ValueError(f"The lora adapter '{name}' has already been loaded.")
+        if not name or "," in name:
+            raise ValueError(f"bad adapter name {name!r}: empty or has a comma")
+        if self.spec.engine.max_loras == 0:
+            raise ValueError("LoRA is disabled on this pod (max_loras 0)")
+        self._adapters.append(name)
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter (requests in flight finish); raise :class:`UnknownModel`."""
+        if name not in self._adapters:
+            raise UnknownModel(name)
+        self._adapters.remove(name)
+        self.engine.unload_adapter(name)
 
     @property
     def name(self) -> str:
