@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from deploy_kit import REPO
+from deploy_kit import REPO, make_picker_tls
 from prometheus_client.parser import text_string_to_metric_families
 
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts
@@ -54,3 +55,8 @@ def exported_metrics(stack: Stack) -> frozenset[str]:
             for family in text_string_to_metric_families(response.text):
                 names.update(sample.name for sample in family.samples)
     return frozenset(names)
+
+
+@pytest.fixture(scope="session")
+def picker_tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_picker_tls(tmp_path_factory.mktemp("tls"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,13 @@ _RANGES = re.compile(r"\[[^\]]*\]")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _VARIABLES = re.compile(r"\$\{?\w+\}?")
 _IDENTIFIER = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)(\s*\()?")
+
+
+def make_picker_tls(directory: Path) -> Path:
+    """Certificates made the way docs/deploy.md says: a private CA and the picker Service's certificate."""
+    script = REPO / "deploy/k8s/picker-tls.sh"
+    subprocess.run([str(script), str(directory)], check=True, capture_output=True)
+    return directory
 
 
 def load_yaml(path: Path) -> Any:

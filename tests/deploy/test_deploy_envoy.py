@@ -3,7 +3,6 @@ up to date."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ BOOTSTRAPS = sorted(
     for path in (REPO / "deploy").rglob("*.yaml")
     if any("static_resources" in doc for doc in load_all_yaml(path) if isinstance(doc, dict))
 )
-
-
-@pytest.fixture(scope="module")
-def picker_tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Certificates made the way docs/deploy.md says (deploy/k8s/picker-tls.sh): Envoy loads them to
-    validate a bootstrap that names them."""
-    directory = tmp_path_factory.mktemp("tls")
-    subprocess.run([str(REPO / "deploy/k8s/picker-tls.sh"), str(directory)], check=True, capture_output=True)
-    return directory
 
 
 def test_every_variant_is_found() -> None:
