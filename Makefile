@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := shared services/collector services/picker services/simulator tools/devstack
 CONFIG ?= config/local.yaml
 
-.PHONY: help install run test test-unit test-integration lint fmt bench clean up down sim-calibration
+.PHONY: help install run test test-unit test-integration lint fmt bench bench-collector clean up down sim-calibration
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ test: lint test-unit test-integration ## lint + unit + integration tests
 
 bench: install ## run the benchmarks (results in bench/results/)
 	$(BIN)/python bench/decision_cost.py
+
+bench-collector: install ## the collector's CPU, scrapes/s and metric age at 200 pods (bench/results/collector.json)
+	$(BIN)/python bench/collector.py
 
 sim-calibration: install ## the simulator's profiles against the published vLLM figures, check by check
 	$(BIN)/python -m pointsman_sim.calibration

@@ -37,11 +37,14 @@ class Reply:
     hang_up: bool = False  # close after the reply without announcing it (an idle keep-alive timeout)
     reset: bool = False  # reset the connection instead of answering
     raw: bytes | None = None  # send these bytes verbatim, then close
+    content_type: str | None = "text/plain; version=0.0.4"  # None: send no Content-Type
 
     def render(self) -> bytes:
         if self.raw is not None:
             return self.raw
-        head = [f"HTTP/1.1 {self.status} X", "Content-Type: text/plain; version=0.0.4"]
+        head = [f"HTTP/1.1 {self.status} X"]
+        if self.content_type is not None:
+            head.append(f"Content-Type: {self.content_type}")
         if self.close:
             head.append("Connection: close")
         if self.chunk_size:

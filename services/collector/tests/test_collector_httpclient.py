@@ -34,7 +34,7 @@ async def test_reads_every_framing_and_reuses_the_connection_when_allowed(
     client = client_for(server)
     try:
         for _ in range(3):
-            assert await client.get() == PAGE
+            assert (await client.get()).body == PAGE
     finally:
         await client.aclose()
     assert (server.requests, server.connections) == (3, connections)
@@ -85,7 +85,7 @@ async def test_failures_have_a_reason_and_the_next_request_reconnects(
             await client.get()
         assert excinfo.value.reason == reason
         server.serve(b"ok")
-        assert await client.get() == b"ok"
+        assert (await client.get()).body == b"ok"
     finally:
         await client.aclose()
     assert server.connections == 2
@@ -114,7 +114,7 @@ async def test_sends_one_plain_get_with_the_host_header() -> None:
     port = server.sockets[0].getsockname()[1]
     client = HttpClient("127.0.0.1", port, timeout=1.0)
     try:
-        assert await client.get() == b"body"
+        assert (await client.get()).body == b"body"
     finally:
         await client.aclose()
         server.close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pointsman_collector.errors import PageError, ScrapeError
-from pointsman_collector.scrape import PodScraper, parse_page
+from pointsman_collector.scrape import PodScraper, check_content_type, parse_page
 from pointsman_shared.model_server import PRESETS
 
 VLLM = PRESETS["vllm"]
@@ -18,8 +18,27 @@ VLLM = PRESETS["vllm"]
         (b"", "no_metrics"),
         (b"sglang:num_queue_reqs 3\n", "no_metrics"),
         (b"# HELP vllm:num_requests_waiting x\nprocess_cpu_seconds_total 1\n", "no_metrics"),
+        (b"vllm:num_requests_waiting three\n", "parse"),
+        (b"vllm:num_requests_waiting NaN\n", "value"),
+        (b"vllm:num_requests_running +Inf\n", "value"),
+        (b"vllm:kv_cache_usage_perc NaN\n", "value"),
+        (b'vllm:num_requests_waiting 1\nvllm:num_requests_waiting{engine="1"} x\n', "parse"),
+        (b"<html><body>vllm:num_requests_waiting 1</body></html>", "no_metrics"),
     ],
-    ids=["bad labels", "not utf-8", "negative", "empty", "other server's names", "help text only"],
+    ids=[
+        "bad labels",
+        "not utf-8",
+        "negative",
+        "empty",
+        "other server's names",
+        "help text only",
+        "word for a value",
+        "nan queue",
+        "infinite queue",
+        "nan kv",
+        "one bad engine spoils the page",
+        "html",
+    ],
 )
 def test_unusable_pages(body: bytes, reason: str) -> None:
     with pytest.raises(PageError) as excinfo:
@@ -51,5 +70,37 @@ async def test_scrapes_a_fixture_page_over_http(pod_server, fixture_page) -> Non
         with pytest.raises(ScrapeError) as excinfo:
             await scraper.scrape()
         assert excinfo.value.reason == "http_status"
+    finally:
+        await scraper.aclose()
+
+
+@pytest.mark.parametrize(
+    ("content_type", "ok"),
+    [
+        (None, True),
+        (b"text/plain; version=0.0.4; charset=utf-8", True),
+        (b"text/plain", True),
+        (b"application/openmetrics-text; version=1.0.0", True),
+        (b"text/html; charset=utf-8", False),
+        (b"application/json", False),
+    ],
+)
+def test_content_types(content_type: bytes | None, ok: bool) -> None:
+    if ok:
+        check_content_type(content_type)
+        return
+    with pytest.raises(PageError) as excinfo:
+        check_content_type(content_type)
+    assert excinfo.value.reason == "content_type"
+
+
+async def test_a_page_of_the_wrong_type_is_refused_over_http(pod_server, fixture_page) -> None:
+    # A proxy's HTML error page may quote metric lines; none of its numbers may count.
+    server = await pod_server(fixture_page("vllm-v0-lora"), content_type="text/html")
+    scraper = PodScraper(server.address, VLLM, timeout=1.0)
+    try:
+        with pytest.raises(ScrapeError) as excinfo:
+            await scraper.scrape()
+        assert excinfo.value.reason == "content_type"
     finally:
         await scraper.aclose()

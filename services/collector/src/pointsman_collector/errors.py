@@ -4,7 +4,7 @@
 CollectorError
 ├── ScrapeError          one scrape of one pod failed; the pod loop counts it and carries on
 │   ├── FetchError       the HTTP exchange failed: timeout, connect, http_status, too_large, protocol
-│   └── PageError        the page was fetched but is unusable: parse, value, no_metrics
+│   └── PageError        the page was fetched but is unusable: content_type, parse, value, no_metrics
 └── PublishError         a publish to Redis failed: connection, timeout, server
 ```
 """
@@ -21,6 +21,7 @@ SCRAPE_REASONS = (
     "http_status",
     "too_large",
     "protocol",
+    "content_type",
     "parse",
     "value",
     "no_metrics",

@@ -1,7 +1,8 @@
-"""A minimal HTTP/1.1 GET client for scraping: one keep-alive connection per pod, over asyncio streams.
+"""A minimal HTTP/1.1 GET client for scraping: one keep-alive connection per pod, an asyncio Protocol.
 
 Why not aiohttp or httpx: a scrape is one fixed GET to one host, 20 times a second, for hundreds of pods.
-Raw streams cost about half of aiohttp per request, and httpx cannot keep up at 4,000 requests/s.
+A protocol parsing one buffer costs less than asyncio streams (no future per read), which cost about
+half of aiohttp per request; httpx cannot keep up at 4,000 requests/s.
 What this supports is what a ``/metrics`` endpoint needs: Content-Length, chunked and read-until-close
 bodies, ``Connection: close``, a cap on the body size and a deadline per request. It sends no
 ``Accept-Encoding``, so servers answer uncompressed.
@@ -10,10 +11,12 @@ bodies, ``Connection: close``, a cap on the body size and a deadline per request
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from dataclasses import dataclass
+from typing import cast
 
 from pointsman_collector.errors import (
     ConnectError,
+    FetchError,
     HttpStatusError,
     ProtocolError,
     ScrapeTimeout,
@@ -23,6 +26,8 @@ from pointsman_shared.config import join_host_port
 
 # vLLM pages are 15-80 KB; a page far larger is a misconfigured target, not a model server.
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
+MAX_HEAD = 64 * 1024
+MAX_CHUNK_LINE = 4096
 _HEAD_END = b"\r\n\r\n"
 _CRLF = b"\r\n"
 
@@ -54,11 +59,10 @@ class HttpClient:
             f"GET {path} HTTP/1.1\r\nHost: {join_host_port(host, port)}\r\n"
             "User-Agent: pointsman-collector\r\nAccept: text/plain\r\n\r\n"
         ).encode("ascii")
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._connection: _Connection | None = None
 
-    async def get(self) -> bytes:
-        """Return the body of a 200 response; raise a :class:`FetchError` otherwise."""
+    async def get(self) -> Response:
+        """Return the 200 response; raise a :class:`FetchError` otherwise."""
         try:
             async with asyncio.timeout(self._timeout):
                 return await self._exchange()
@@ -70,73 +74,194 @@ class HttpClient:
             raise
 
     async def aclose(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
 
-    async def _exchange(self) -> bytes:
-        if self._reader is not None and self._writer is not None:
+    async def _exchange(self) -> Response:
+        connection = self._connection
+        if connection is not None and connection.open:
             try:
-                return await self._request_once(self._reader, self._writer, reused=True)
+                return await self._request_once(connection, reused=True)
             except _StaleConnection:
                 self._drop()
-        reader, writer = await self._connect()
-        return await self._request_once(reader, writer)
+        return await self._request_once(await self._connect())
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
-            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self._max_body), self._host, self._port
+            )
         except OSError as exc:
             raise ConnectError(f"{join_host_port(self._host, self._port)}: {exc.strerror or exc}") from None
-        return self._reader, self._writer
+        self._connection = connection
+        return connection
 
-    async def _request_once(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, reused: bool = False
-    ) -> bytes:
-        # The request is ~100 bytes: it never fills the transport buffer, so no drain() is needed.
-        writer.write(self._request)
-        try:
-            head = await reader.readuntil(_HEAD_END)
-        except asyncio.IncompleteReadError as exc:
-            if reused and not exc.partial:
-                raise _StaleConnection from None
-            raise ProtocolError("connection closed before the response head ended") from None
-        except asyncio.LimitOverrunError:
-            raise ProtocolError("response head too large") from None
-        except OSError as exc:
-            if reused:
-                raise _StaleConnection from None
-            raise ProtocolError(f"connection failed: {exc.strerror or exc}") from None
-        status, length, chunked, keep_alive = _parse_head(head)
-        if status != 200:
-            raise HttpStatusError(status)
-        try:
-            if chunked:
-                body = await self._read_chunked(reader)
-            elif length is not None:
-                if length > self._max_body:
-                    raise TooLargeError(self._max_body)
-                body = await reader.readexactly(length)
-            else:
-                body = await self._read_to_eof(reader)
-                keep_alive = False
-        except asyncio.IncompleteReadError:
-            raise ProtocolError("connection closed mid-body") from None
-        except asyncio.LimitOverrunError:
-            raise ProtocolError("chunk header too long") from None
-        except OSError as exc:
-            raise ProtocolError(f"connection failed mid-body: {exc.strerror or exc}") from None
-        if not keep_alive:
+    async def _request_once(self, connection: _Connection, *, reused: bool = False) -> Response:
+        response = await connection.request(self._request, reused=reused)
+        if not response.keep_alive:
             await self.aclose()
-        return body
+        return response
 
-    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
-        chunks: list[bytes] = []
-        total = 0
+    def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.abort()  # a broken exchange has nothing worth flushing
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    body: bytes
+    content_type: bytes | None  # as sent, lower-cased; None when the server sent none
+    keep_alive: bool
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection: sends a request and reads its response as the bytes arrive.
+
+    A protocol instead of asyncio streams: the response is parsed straight from one buffer, with no
+    per-read futures, which halves the cost of an exchange.
+    """
+
+    def __init__(self, max_body: int) -> None:
+        self._max_body = max_body
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[Response] | None = None
+        self._reused = False
+        self._eof = False
+        self._closed: asyncio.Future[None] | None = None
+        self._head: _Head | None = None
+        self._body_start = 0
+        self._chunks: list[bytes] = []
+        self._chunk_pos = 0  # where the next chunk-size line starts
+        self._chunked_total = 0
+        self.open = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self._closed = asyncio.get_running_loop().create_future()
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._waiter is not None:
+            self._advance()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self.open = False
+        if self._waiter is not None:
+            self._advance()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        self._eof = True
+        if self._waiter is not None and not self._waiter.done():
+            if exc is not None and not (self._reused and not self._buffer):
+                self._fail(ProtocolError(f"connection failed: {_describe(exc)}"))
+            else:
+                self._advance()
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    # what the client calls
+
+    def request(self, data: bytes, *, reused: bool) -> asyncio.Future[Response]:
+        assert self._transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._reused = reused
+        self._head = None
+        self._chunks = []
+        self._chunked_total = 0
+        # The request is ~100 bytes: it never fills the transport buffer, so flow control is moot.
+        self._transport.write(data)
+        if self._buffer or self._eof:
+            self._advance()  # the server sent something unasked, or had already hung up
+        return self._waiter
+
+    def abort(self) -> None:
+        self.open = False
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def close(self) -> None:
+        self.open = False
+        if self._transport is not None:
+            self._transport.close()
+        if self._closed is not None:
+            await self._closed
+
+    # parsing
+
+    def _advance(self) -> None:
+        try:
+            response = self._parse()
+        except FetchError as exc:
+            self._fail(exc)
+            return
+        except _StaleConnection as exc:
+            self._fail(exc)
+            return
+        if response is not None:
+            waiter, self._waiter = self._waiter, None
+            del self._buffer[:]
+            if waiter is not None and not waiter.done():
+                waiter.set_result(response)
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self._waiter = self._waiter, None
+        self.open = False
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _parse(self) -> Response | None:
+        buffer = self._buffer
+        head = self._head
+        if head is None:
+            end = buffer.find(_HEAD_END)
+            if end < 0:
+                if len(buffer) > MAX_HEAD:
+                    raise ProtocolError("response head too large")
+                if self._eof:
+                    if self._reused and not buffer:
+                        raise _StaleConnection
+                    raise ProtocolError("connection closed before the response head ended")
+                return None
+            head = self._head = _parse_head(bytes(buffer[: end + 4]))
+            if head.status != 200:
+                raise HttpStatusError(head.status)
+            if head.length is not None and head.length > self._max_body:
+                raise TooLargeError(self._max_body)
+            self._body_start = self._chunk_pos = end + 4
+        if head.chunked:
+            return self._parse_chunked(head)
+        if head.length is not None:
+            if len(buffer) - self._body_start >= head.length:
+                body = bytes(buffer[self._body_start : self._body_start + head.length])
+                return Response(body, head.content_type, head.keep_alive)
+        elif len(buffer) - self._body_start > self._max_body:
+            raise TooLargeError(self._max_body)
+        elif self._eof:
+            return Response(bytes(buffer[self._body_start :]), head.content_type, keep_alive=False)
+        if self._eof:
+            raise ProtocolError("connection closed mid-body")
+        return None
+
+    def _parse_chunked(self, head: _Head) -> Response | None:
+        buffer = self._buffer
+        pos = self._chunk_pos
         while True:
-            size_line = await reader.readuntil(_CRLF)
+            line_end = buffer.find(_CRLF, pos)
+            if line_end < 0:
+                if len(buffer) - pos > MAX_CHUNK_LINE:
+                    raise ProtocolError("chunk header too long")
+                break
+            size_line = bytes(buffer[pos:line_end])
             try:
                 size = int(size_line.split(b";", 1)[0], 16)  # a chunk extension may follow ';'
             except ValueError:
@@ -144,34 +269,42 @@ class HttpClient:
             if size < 0:
                 raise ProtocolError("negative chunk size")
             if size == 0:
+                # Trailer fields (nothing here needs them) end with an empty line.
+                if buffer.startswith(_CRLF, line_end + 2) or buffer.find(_HEAD_END, line_end) >= 0:
+                    body = b"".join(self._chunks)
+                    return Response(body, head.content_type, head.keep_alive)
                 break
-            total += size
-            if total > self._max_body:
+            self._chunked_total += size
+            if self._chunked_total > self._max_body:
                 raise TooLargeError(self._max_body)
-            chunk = await reader.readexactly(size + 2)
-            if not chunk.endswith(_CRLF):
+            data_end = line_end + 2 + size
+            if len(buffer) < data_end + 2:
+                self._chunked_total -= size  # counted again when the chunk is complete
+                break
+            if buffer[data_end : data_end + 2] != _CRLF:
                 raise ProtocolError("chunk not followed by CRLF")
-            chunks.append(chunk[:-2])
-        while await reader.readuntil(_CRLF) != _CRLF:
-            pass  # trailer fields: nothing here needs them
-        return b"".join(chunks)
-
-    async def _read_to_eof(self, reader: asyncio.StreamReader) -> bytes:
-        body = bytearray()
-        while data := await reader.read(65536):
-            body += data
-            if len(body) > self._max_body:
-                raise TooLargeError(self._max_body)
-        return bytes(body)
-
-    def _drop(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.transport.abort()  # a broken exchange has nothing worth flushing
+            self._chunks.append(bytes(buffer[line_end + 2 : data_end]))
+            pos = data_end + 2
+        self._chunk_pos = pos
+        if self._eof:
+            raise ProtocolError("connection closed mid-body")
+        return None
 
 
-def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
-    """Return ``(status, content_length, chunked, keep_alive)`` from a response head."""
+@dataclass(frozen=True, slots=True)
+class _Head:
+    status: int
+    length: int | None
+    chunked: bool
+    keep_alive: bool
+    content_type: bytes | None
+
+
+def _describe(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+
+
+def _parse_head(head: bytes) -> _Head:
     lines = head[:-4].split(_CRLF)
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[1].isdigit():
@@ -179,6 +312,7 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
     keep_alive = parts[0] == b"HTTP/1.1"
     length: int | None = None
     coding: bytes | None = None
+    content_type: bytes | None = None
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
@@ -189,6 +323,8 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
             if not value.isdigit():
                 raise ProtocolError(f"bad Content-Length {value[:20]!r}")
             length = int(value)
+        elif name == b"content-type":
+            content_type = value.strip().lower()
         elif name == b"transfer-encoding":
             coding = value.strip().lower()
         elif name == b"connection":
@@ -202,4 +338,4 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
     chunked = coding is not None and coding.endswith(b"chunked")
     if coding is not None:
         length = None
-    return int(parts[1]), length, chunked, keep_alive
+    return _Head(int(parts[1]), length, chunked, keep_alive, content_type)

@@ -27,10 +27,26 @@ class PodScraper:
         self._names = names
 
     async def scrape(self) -> PageMetrics:
-        return parse_page(await self._client.get(), self._names)
+        response = await self._client.get()
+        check_content_type(response.content_type)
+        return parse_page(response.body, self._names)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# The text exposition format and OpenMetrics; servers that send no type at all are given the benefit.
+_PAGE_TYPES = (b"text/plain", b"application/openmetrics-text")
+
+
+def check_content_type(content_type: bytes | None) -> None:
+    """Raise :class:`PageError` when the server says the body is not a metrics page (an HTML error
+    page, JSON from the wrong port): numbers found in it would not be the pod's."""
+    if content_type is None:
+        return
+    media_type = content_type.split(b";", 1)[0].strip()
+    if media_type not in _PAGE_TYPES:
+        raise PageError("content_type", f"Content-Type {content_type[:60].decode('latin-1')!r}")
 
 
 def parse_page(body: bytes, names: MetricNames) -> PageMetrics:

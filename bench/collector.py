@@ -1,0 +1,328 @@
+"""What the collector costs and how fresh its data is, with real-size pages over loopback.
+
+Three processes: this one runs the collector (the real ``Collector``, ``PodScraper`` and Redis sink on
+uvloop) and is the one whose CPU is measured; a pod server answers ``/metrics`` for every pod on its own
+loopback port with the fixture pages of ``shared/tests/data/vllm-metrics``; an observer subscribes to the
+pool's Redis channel. Every ``TICK`` seconds the pod server raises every pod's waiting queue to the tick
+number; the observer notes when each pod's new value first shows in Redis (its metric age).
+
+- paced: ``--pods`` pods every ``--interval``; CPU of this process per wall second, and late rounds (the
+  pod server sees two requests to one pod more than 1.5 intervals apart);
+- flat out: the same pods with a 1 ms interval; scrapes per second.
+
+Prints the numbers and writes bench/results/collector.json. Takes about 25 s; every process it starts
+ends with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import statistics
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import uvloop
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from pointsman_collector.loop import Collector
+from pointsman_collector.scrape import PodScraper
+from pointsman_collector.sink import RedisSnapshotSink
+from pointsman_devstack.redis_server import start_redis
+from pointsman_shared.keys import RedisKeys
+from pointsman_shared.model_server import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "collector.json"
+PAGES = ROOT / "shared" / "tests" / "data" / "vllm-metrics"
+PAGE_NAMES = ("vllm-current-lora", "vllm-data-parallel", "vllm-idle-newest-empty", "vllm-v0-lora")
+POOL = "bench-pool"
+TICK = 0.2  # how often every pod's waiting queue changes
+WARMUP = 2.0
+LATE = 1.5  # a gap between two scrapes of one pod longer than this many intervals is a late round
+_WAITING = re.compile(rb"^(vllm:num_requests_waiting(?:\{[^\n]*\})?) [^\n]*$", re.MULTILINE)
+
+
+# --- the pod server (its own process) -------------------------------------------------------------
+
+
+class _PagePod(asyncio.Protocol):
+    """Answers each GET with the current page of its template; notes when requests arrive."""
+
+    def __init__(self, server: _PodServer, template: int, arrivals: list[float]) -> None:
+        self._server = server
+        self._template = template
+        self._arrivals = arrivals
+        self._transport: asyncio.Transport | None = None
+        self._buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while (end := self._buffer.find(b"\r\n\r\n")) >= 0:
+            self._buffer = self._buffer[end + 4 :]
+            self._arrivals.append(time.monotonic())
+            assert self._transport is not None
+            self._transport.write(self._server.response(self._template))
+
+
+class _PodServer:
+    def __init__(self, start: float) -> None:
+        self._start = start
+        self._templates = [_template((PAGES / f"{name}.txt").read_bytes()) for name in PAGE_NAMES]
+        self._tick = -1
+        self._responses: list[bytes] = []
+
+    def response(self, template: int) -> bytes:
+        tick = max(0, int((time.time() - self._start) / TICK))
+        if tick != self._tick:
+            self._tick = tick
+            self._responses = [_render(t, tick) for t in self._templates]
+        return self._responses[template]
+
+
+def _template(page: bytes) -> list[bytes]:
+    """The page cut around its waiting-queue values: the first gets the tick, the others (engines) 0."""
+    parts: list[bytes] = []
+    last = 0
+    for match in _WAITING.finditer(page):
+        parts += [page[last : match.end(1)] + b" "]
+        last = match.end()
+    parts.append(page[last:])
+    return parts
+
+
+def _render(template: list[bytes], tick: int) -> bytes:
+    values = [b"%d.0" % tick] + [b"0.0"] * (len(template) - 2)
+    body = b"".join(p + v for p, v in zip(template, values, strict=False)) + template[-1]
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+def serve_pods(pods: int, start: float, conn: Connection) -> None:
+    uvloop.run(_serve_pods(pods, start, conn))
+
+
+async def _serve_pods(pods: int, start: float, conn: Connection) -> None:
+    loop = asyncio.get_running_loop()
+    server = _PodServer(start)
+    arrivals: list[list[float]] = [[] for _ in range(pods)]
+    listeners = []
+    for i in range(pods):
+        pod = functools.partial(_PagePod, server, i % len(PAGE_NAMES), arrivals[i])
+        listener = await loop.create_server(pod, "127.0.0.1", 0)
+        listeners.append(listener)
+    conn.send([listener.sockets[0].getsockname()[1] for listener in listeners])
+    # Commands: "mark" starts a new window (returns nothing), "gaps" returns the window's numbers.
+    while True:
+        command = await loop.run_in_executor(None, conn.recv)
+        if command == "stop":
+            break
+        if command == "mark":
+            for times in arrivals:
+                times.clear()
+        elif command == "gaps":
+            gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times)]
+            conn.send({"requests": sum(len(t) for t in arrivals), "gaps": gaps})
+    for listener in listeners:
+        listener.close()
+
+
+# --- the observer (its own process) ---------------------------------------------------------------
+
+
+def observe(redis_url: str, start: float, conn: Connection) -> None:
+    uvloop.run(_observe(redis_url, start, conn))
+
+
+async def _observe(redis_url: str, start: float, conn: Connection) -> None:
+    """Metric age: for each pod and tick, when a waiting value >= the tick first shows in Redis."""
+    keys = RedisKeys(POOL)
+    client = Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    await pubsub.subscribe(keys.channel)
+    seen: dict[str, int] = {}
+    ages: list[float] = []
+    recording = False
+    conn.send("ready")
+    loop = asyncio.get_running_loop()
+    command = loop.run_in_executor(None, conn.recv)
+    while True:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
+        if command.done():
+            if command.result() == "stop":
+                break
+            recording = command.result() == "record"
+            if command.result() == "ages":
+                conn.send(ages)
+                ages = []
+            command = loop.run_in_executor(None, conn.recv)
+        if message is None:
+            continue
+        data = await client.hget(keys.snapshot, "data")
+        now = time.time()
+        if data is None:
+            continue
+        for pod in orjson.loads(data)["pods"]:
+            if not pod["healthy"]:
+                continue  # a pending pod's zeros were never read from it
+            value, before = pod["waiting"], seen.get(pod["address"], -1)
+            if value > before:
+                seen[pod["address"]] = value
+                if recording and before >= 0:
+                    # Every tick passed since the last value seen changed this pod; the oldest counts.
+                    ages.extend(now - (start + tick * TICK) for tick in range(before + 1, value + 1))
+    await pubsub.aclose()  # type: ignore[no-untyped-call]
+    await client.aclose()
+
+
+# --- the collector (this process) -----------------------------------------------------------------
+
+
+async def run_collector(
+    ports: list[int],
+    redis_url: str,
+    interval: float,
+    seconds: float,
+    pods_conn: Connection,
+    obs_conn: Connection | None = None,
+) -> dict[str, float]:
+    registry = CollectorRegistry()
+    sink = RedisSnapshotSink.from_url(redis_url, RedisKeys(POOL), ttl=10.0)
+    names = PRESETS["vllm"]
+    collector = Collector(
+        pool=POOL,
+        scraper_factory=lambda address: PodScraper(address, names, timeout=1.0),
+        sink=sink,
+        registry=registry,
+        interval=interval,
+        first_round_timeout=1.0,
+    )
+    collector.start(f"127.0.0.1:{port}" for port in ports)
+    await asyncio.sleep(WARMUP)
+    pods_conn.send("mark")
+    if obs_conn is not None:
+        obs_conn.send("record")
+    scrapes = _scrapes(registry)
+    errors = _errors(registry)
+    wall, cpu = time.monotonic(), time.process_time()
+    await asyncio.sleep(seconds)
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    if obs_conn is not None:
+        obs_conn.send("idle")
+    scrapes = _scrapes(registry) - scrapes
+    errors = _errors(registry) - errors
+    await collector.stop()
+    await sink.aclose()
+    return {
+        "wall_s": wall,
+        "cpu_fraction": cpu / wall,
+        "scrapes_per_s": scrapes / wall,
+        "cpu_us_per_scrape": cpu / scrapes * 1e6 if scrapes else float("nan"),
+        "errors": errors,
+    }
+
+
+def _scrapes(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("pointsman_collector_scrape_duration_seconds_count") or 0.0
+
+
+def _errors(registry: CollectorRegistry) -> float:
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        if metric.name == "pointsman_collector_scrape_errors"
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--interval", type=float, default=0.05, help="seconds between scrapes of a pod")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each phase")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    redis = start_redis(environ, allow_docker=False)
+    spawn = multiprocessing.get_context("spawn")
+    start = time.time() + 1.0
+    pods_conn, pods_end = spawn.Pipe()
+    obs_conn, obs_end = spawn.Pipe()
+    pod_server = spawn.Process(target=serve_pods, args=(args.pods, start, pods_end), daemon=True)
+    observer = spawn.Process(target=observe, args=(redis.url, start, obs_end), daemon=True)
+    try:
+        pod_server.start()
+        observer.start()
+        ports = pods_conn.recv()
+        obs_conn.recv()
+
+        paced = uvloop.run(run_collector(ports, redis.url, args.interval, args.seconds, pods_conn, obs_conn))
+        obs_conn.send("ages")
+        ages = [age * 1000 for age in obs_conn.recv()]
+        pods_conn.send("gaps")
+        window = pods_conn.recv()
+        late = sum(gap > LATE * args.interval for gap in window["gaps"])
+
+        flat = uvloop.run(run_collector(ports, redis.url, 0.001, min(args.seconds, 5.0), pods_conn))
+    finally:
+        for conn in (pods_conn, obs_conn):
+            with contextlib.suppress(OSError):
+                conn.send("stop")
+        for process in (pod_server, observer):
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+        redis.stop()
+
+    result: dict[str, Any] = {
+        "pods": args.pods,
+        "interval_ms": args.interval * 1000,
+        "paced_cpu_fraction": round(paced["cpu_fraction"], 3),
+        "paced_cpu_us_per_scrape": round(paced["cpu_us_per_scrape"], 1),
+        "paced_scrapes_per_s": round(paced["scrapes_per_s"]),
+        "paced_late_rounds": late,
+        "paced_rounds": len(window["gaps"]),
+        "paced_gap_p99_ms": round(percentile(window["gaps"], 0.99) * 1000, 1),
+        "paced_scrape_errors": paced["errors"],
+        "max_scrapes_per_s": round(flat["scrapes_per_s"]),
+        "flat_out_cpu_us_per_scrape": round(flat["cpu_us_per_scrape"], 1),
+        "flat_out_scrape_errors": flat["errors"],
+        "metric_age_samples": len(ages),
+        "metric_age_p50_ms": round(statistics.median(ages), 1) if ages else None,
+        "metric_age_p99_ms": round(percentile(ages, 0.99), 1) if ages else None,
+        "metric_age_max_ms": round(max(ages), 1) if ages else None,
+        "pages": list(PAGE_NAMES),
+        "cpus": os.cpu_count(),
+    }
+    for key, value in result.items():
+        print(f"{key:28} {value}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
