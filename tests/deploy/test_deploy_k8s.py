@@ -271,3 +271,43 @@ def test_the_grafana_dashboards_ship_as_a_config_map() -> None:
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = set(config_map["data"])
     assert shipped == {p.name for p in (REPO / "deploy/grafana/dashboards").glob("*.json")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_meets_the_restricted_pod_security_standard(overlay: str) -> None:
+    # The namespace enforces `restricted`: a pod that misses one of these is refused at admission.
+    assert (
+        _one(_objects("base"), "Namespace", "pointsman")["metadata"]["labels"][
+            "pod-security.kubernetes.io/enforce"
+        ]
+        == "restricted"
+    )
+    for workload in _objects(f"overlays/{overlay}"):
+        if workload["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, container["name"]
+            assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+
+
+def test_probes_and_ports_are_where_the_config_listens() -> None:
+    objects = _objects("base")
+    config = _pointsman_config(objects)
+    picker_pod = _one(objects, "Deployment", "pointsman-picker")["spec"]["template"]["spec"]
+    (picker,) = [c for c in picker_pod["containers"] if c["name"] == "picker"]
+    health_port = int(config.picker.health_listen.rsplit(":", 1)[1])
+    assert picker["readinessProbe"]["grpc"]["port"] == health_port
+    assert picker["livenessProbe"]["grpc"]["port"] == health_port
+    ports = {p["name"]: p["containerPort"] for p in picker["ports"]}
+    assert ports["metrics"] == int(config.picker.metrics_listen.rsplit(":", 1)[1])
+    (collector,) = _one(objects, "Deployment", "pointsman-collector")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert collector["ports"][0]["containerPort"] == int(config.collector.listen.rsplit(":", 1)[1])
+    assert collector["args"] == ["--config", "/etc/pointsman/pointsman.yaml"]
+    mounts = {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}
+    assert mounts["config"] == "/etc/pointsman"
