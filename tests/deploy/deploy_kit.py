@@ -29,6 +29,26 @@ _VARIABLES = re.compile(r"\$\{?\w+\}?")
 _IDENTIFIER = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)(\s*\()?")
 
 
+_INSTRUCTION = re.compile(r"^([A-Z]+)\s+(.*)$")
+
+
+def dockerfile_instructions(service: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of ``services/<service>/Dockerfile``, continuation lines joined."""
+    text = (REPO / "services" / service / "Dockerfile").read_text(encoding="utf-8")
+    lines = [s for s in text.splitlines() if not s.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [(m.group(1), m.group(2)) for s in joined.splitlines() if (m := _INSTRUCTION.match(s.strip()))]
+
+
+def dockerfile_env(service: str) -> dict[str, str]:
+    """The ENV values a Dockerfile sets (``KEY=value`` pairs)."""
+    env = {}
+    for op, args in dockerfile_instructions(service):
+        if op == "ENV":
+            env.update(pair.split("=", 1) for pair in args.split())
+    return env
+
+
 def make_picker_tls(directory: Path) -> Path:
     """Certificates made the way docs/deploy.md says: a private CA and the picker Service's certificate."""
     script = REPO / "deploy/k8s/picker-tls.sh"

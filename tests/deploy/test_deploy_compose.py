@@ -4,10 +4,11 @@ and the compose pieces (Pointsman config, Envoy bootstrap, Prometheus targets) a
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_kit import COMPOSE_FILE, REPO, load_yaml
+from deploy_kit import COMPOSE_FILE, REPO, dockerfile_env, dockerfile_instructions, load_yaml
 
 from pointsman_devstack import deploy
 from pointsman_devstack.stack import served_models
@@ -33,12 +34,38 @@ def _mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
     return [(spec.split(":")[0], spec.split(":")[1]) for spec in service.get("volumes", [])]
 
 
+def _dockerfile_service(service: dict[str, Any]) -> str:
+    """The services/<name>/ a compose service builds from."""
+    return Path(service["build"]["dockerfile"]).parent.name
+
+
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_every_service_has_a_health_check(name: str) -> None:
-    check = SERVICES[name].get("healthcheck", {})
-    assert check.get("test"), name
+    service = SERVICES[name]
+    check = service.get("healthcheck", {})
+    assert check, name
     assert not check.get("disable"), name
-    assert check["test"][0] == "CMD", "exec form: no shell needed in the image"
+    if "test" in check:
+        assert check["test"][0] == "CMD", "exec form: no shell needed in the image"
+    else:
+        # Compose keeps the image's HEALTHCHECK command when only the timing is given.
+        built = _dockerfile_service(service)
+        assert [op for op, _args in dockerfile_instructions(built) if op == "HEALTHCHECK"], name
+
+
+def test_image_health_checks_ask_where_the_compose_config_listens() -> None:
+    env = {
+        name: {**dockerfile_env(_dockerfile_service(s)), **s.get("environment", {})}
+        for name, s in SERVICES.items()
+        if "build" in s
+    }
+    collector_port = split_host_port(CONFIG.collector.listen)[1]
+    assert env["collector"]["POINTSMAN_HEALTH_URL"] == f"http://127.0.0.1:{collector_port}/readyz"
+    health_port = split_host_port(CONFIG.picker.health_listen)[1]
+    for picker in deploy.COMPOSE_PICKERS:
+        assert env[picker]["POINTSMAN_HEALTH_ADDRESS"] == f"127.0.0.1:{health_port}"
+    for sim in SIMS:
+        assert env[sim]["POINTSMAN_HEALTH_URL"] == "http://127.0.0.1:8000/health"
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))

@@ -10,33 +10,20 @@ import subprocess
 import sys
 
 import pytest
-from deploy_kit import REPO, SERVICES
+from deploy_kit import REPO, SERVICES, dockerfile_instructions
 
 from pointsman_devstack.stack import Stack
 
-_INSTRUCTION = re.compile(r"^([A-Z]+)\s+(.*)$")
-
-
-def _instructions(service: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = (REPO / "services" / service / "Dockerfile").read_text(encoding="utf-8")
-    joined = re.sub(r"\\\n", " ", "\n".join(s for s in text.splitlines() if not s.lstrip().startswith("#")))
-    found = []
-    for line in joined.splitlines():
-        if match := _INSTRUCTION.match(line.strip()):
-            found.append((match.group(1), match.group(2)))
-    return found
-
 
 def _healthcheck_command(service: str) -> list[str]:
-    (healthcheck,) = [args for op, args in _instructions(service) if op == "HEALTHCHECK"]
+    (healthcheck,) = [args for op, args in dockerfile_instructions(service) if op == "HEALTHCHECK"]
     command: list[str] = json.loads(healthcheck[healthcheck.index("CMD [") + len("CMD ") :])
     return command
 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_multi_stage_on_a_pinned_slim_python(service: str) -> None:
-    steps = _instructions(service)
+    steps = dockerfile_instructions(service)
     (base,) = [args for op, args in steps if op == "ARG" and args.startswith("PYTHON_IMAGE=")]
     assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-\w+", base), base
     assert [args for op, args in steps if op == "FROM"] == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"]
@@ -45,7 +32,7 @@ def test_multi_stage_on_a_pinned_slim_python(service: str) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_installs_only_the_lock_s_versions_without_a_resolver_surprise(service: str) -> None:
-    run = " ".join(args for op, args in _instructions(service) if op == "RUN")
+    run = " ".join(args for op, args in dockerfile_instructions(service) if op == "RUN")
     assert "--constraint requirements/runtime.txt" in run
     assert "--only-binary=:all:" in run
     assert " check" in run
@@ -56,7 +43,7 @@ def test_installs_only_the_lock_s_versions_without_a_resolver_surprise(service: 
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_copies_only_paths_that_exist(service: str) -> None:
-    for op, args in _instructions(service):
+    for op, args in dockerfile_instructions(service):
         if op == "COPY" and not args.startswith("--from"):
             source, _target = args.split()
             assert (REPO / source).exists(), source
@@ -66,7 +53,7 @@ def test_copies_only_paths_that_exist(service: str) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_runs_as_a_numeric_non_root_user(service: str) -> None:
-    users = [args for op, args in _instructions(service) if op == "USER"]
+    users = [args for op, args in dockerfile_instructions(service) if op == "USER"]
     assert users, "no USER: the image would run as root"
     uid = users[-1].split(":")[0]
     assert uid.isdigit()
