@@ -157,3 +157,9 @@ def test_prometheus_scrapes_collector_pickers_and_pods_where_they_listen() -> No
     assert jobs["pods"] == [f"{name}:8000" for name in SIMS]
     for targets in jobs.values():
         assert {t.split(":")[0] for t in targets} <= set(SERVICES)
+
+
+def test_compose_serves_the_models_of_the_local_config() -> None:
+    local = load_config(REPO / "config/local.yaml", environ={})
+    assert CONFIG.models == local.models
+    assert CONFIG.scheduling == local.scheduling

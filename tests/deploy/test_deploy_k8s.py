@@ -19,7 +19,7 @@ import yaml
 from deploy_kit import REPO
 
 from pointsman_devstack.stack import served_models
-from pointsman_shared.config import PointsmanConfig, parse_config
+from pointsman_shared.config import PointsmanConfig, load_config, parse_config
 
 K8S = REPO / "deploy/k8s"
 OVERLAYS = ("sim", "vllm", "envoy-gateway", "standalone-envoy")
@@ -311,3 +311,9 @@ def test_probes_and_ports_are_where_the_config_listens() -> None:
     assert collector["args"] == ["--config", "/etc/pointsman/pointsman.yaml"]
     mounts = {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}
     assert mounts["config"] == "/etc/pointsman"
+
+
+def test_the_cluster_serves_the_models_of_the_local_config() -> None:
+    local = load_config(REPO / "config/local.yaml", environ={})
+    for target in ("base", *[f"overlays/{o}" for o in POOL_OVERLAYS]):
+        assert _pointsman_config(_objects(target)).models == local.models, target
