@@ -317,3 +317,22 @@ def test_the_cluster_serves_the_models_of_the_local_config() -> None:
     local = load_config(REPO / "config/local.yaml", environ={})
     for target in ("base", *[f"overlays/{o}" for o in POOL_OVERLAYS]):
         assert _pointsman_config(_objects(target)).models == local.models, target
+
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "GatewayClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+}
+
+
+@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in OVERLAYS]])
+def test_namespaced_objects_are_in_pointsman_and_cluster_scoped_ones_in_none(target: str) -> None:
+    for obj in _objects(target):
+        namespace = obj["metadata"].get("namespace")
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert namespace is None, f"{obj['kind']}/{obj['metadata']['name']}"
+        else:
+            assert namespace == "pointsman", f"{obj['kind']}/{obj['metadata']['name']}"
