@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -327,3 +328,43 @@ def test_skipped_requests_keep_their_order_when_the_scan_stops_early() -> None:
     submit(e, R("b1", adapter="b"), R("base"), R("c1", adapter="c"), R("b2", adapter="b"), now=now)
     assert "base" in e.step(now).tokens
     assert [r.request_id for r in e._waiting] == ["b1", "c1", "b2"]
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["v1", "v0"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_invariants_hold_under_random_load(chunked: bool, seed: int) -> None:
+    # A small cache and many adapters: preemptions, skips, loads and evictions all happen.
+    rng = random.Random(seed)
+    config = EngineConfig(
+        num_gpu_blocks=30,
+        max_num_seqs=6,
+        max_num_batched_tokens=256,
+        chunked_prefill=chunked,
+        max_loras=2,
+        max_cpu_loras=3,
+    )
+    e = Engine(config)
+    outputs: dict[str, int] = {}
+    finished: dict[str, int] = {}
+    now = 0.0
+    for i in range(120):
+        outputs[f"r{i}"] = rng.randint(1, 60)
+        e.submit(f"r{i}", rng.randint(1, 120), outputs[f"r{i}"], rng.choice([None, "a", "b", "c", "d"]), now)
+        steps = rng.randint(0, 3) if i < 119 else 100_000
+        for _ in range(steps):
+            if not e.has_work:
+                break
+            result = e.step(now)
+            now = result.ends_at
+            finished |= {f.request_id: f.output_tokens for f in result.finished}
+            assert len(e.running_adapters) <= config.max_loras
+            assert e.running_adapters <= e.gpu_adapters <= e.cpu_adapters
+            assert len(e.cpu_adapters) <= config.cpu_lora_capacity
+            assert 0.0 <= e.kv_usage <= 1.0
+            assert e.running_count <= config.max_num_seqs
+    assert finished == outputs
+    totals = e.totals()
+    assert (totals.finished, totals.generation_tokens) == (len(outputs), sum(outputs.values()))
+    assert totals.preemptions > 0
+    assert totals.lora_evictions > 0
+    assert e.kv_usage == 0.0
