@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from pointsman_shared.codec import CODEC_VERSION, CodecError, decode_pool, encode_pool, pod_to_dict
-from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
 
 
 def pod(address: str = "10.0.0.1:8000", **fields: object) -> PodSnapshot:
@@ -24,6 +24,7 @@ POOL = PoolSnapshot(
             running_adapters=frozenset({"b", "a"}),
             waiting_adapters=frozenset({"c"}),
             updated_at=1764000000.0,
+            field_times=FieldTimes(1764000000.0, 1764000000.0, 1763999999.5, 1763999990.0),
         ),
         pod("[::1]:8001", healthy=False, reason="timeout"),
     ),
@@ -55,6 +56,8 @@ def _blob(**changes: object) -> bytes:
         (_blob(pods=[{"address": "a"}]), "missing"),
         (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "waiting": "3"}]), "mistypes"),
         (_blob(publishedAt=True), "mistypes"),
+        (_blob(codec=True), "not supported"),
+        (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "fieldTimes": None}]), "mistypes"),
     ],
     ids=[
         "not json",
@@ -64,6 +67,8 @@ def _blob(**changes: object) -> bytes:
         "missing field",
         "string count",
         "bool time",
+        "bool codec",
+        "no field times in codec 2",
     ],
 )
 def test_bad_blobs_are_refused(data: bytes, message: str) -> None:
@@ -84,4 +89,22 @@ def test_pod_to_dict_is_the_api_shape() -> None:
         "updatedAt": 1764000000.0,
         "healthy": True,
         "reason": "",
+        "fieldTimes": {
+            "waiting": 1764000000.0,
+            "running": 1764000000.0,
+            "kv": 1763999999.5,
+            "lora": 1763999990.0,
+        },
     }
+
+
+def test_a_codec_1_blob_still_decodes_with_every_field_read_at_its_update_time() -> None:
+    # What a collector before codec 2 wrote; a picker upgraded first must keep routing on it.
+    blob = (
+        b'{"codec":1,"pool":"p","publishedAt":1764000001.0,"pods":[{"address":"10.0.0.1:8000","waiting":3,'
+        b'"running":2,"kv":0.5,"maxLora":4,"runningAdapters":["a"],"waitingAdapters":[],'
+        b'"updatedAt":1764000000.0,"healthy":true,"reason":""}]}'
+    )
+    (pod,) = decode_pool(blob, 3).pods
+    assert (pod.waiting, pod.kv_cache_usage, pod.running_adapters) == (3, 0.5, {"a"})
+    assert pod.field_times == FieldTimes(1764000000.0, 1764000000.0, 1764000000.0, 1764000000.0)

@@ -107,6 +107,7 @@ async def test_pool_shows_the_published_snapshot(client: httpx.AsyncClient, view
                 "updatedAt": 1_764_000_000.25,
                 "healthy": True,
                 "reason": "",
+                "fieldTimes": {"waiting": 0.0, "running": 0.0, "kv": 0.0, "lora": 0.0},
             }
         ],
     }

@@ -23,7 +23,7 @@ from pointsman_collector.normalize import (
 )
 from pointsman_collector.scrape import parse_page
 from pointsman_shared.model_server import PRESETS, LoraState, PageMetrics
-from pointsman_shared.snapshot import PodSnapshot
+from pointsman_shared.snapshot import FieldTimes, PodSnapshot
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "tests" / "data" / "vllm-metrics"
 PAGES = sorted(p.stem for p in FIXTURES.glob("*.txt"))
@@ -63,6 +63,7 @@ LOADED = scraped(
         running_adapters=frozenset({"old-run"}),
         waiting_adapters=frozenset({"old-wait"}),
         updated_at=NOW - 0.05,
+        field_times=FieldTimes(NOW - 0.05, NOW - 0.1, NOW - 0.2, NOW - 0.3),
     )
 )
 FRESH = new_pod("10.0.0.1:8000")
@@ -165,6 +166,27 @@ def test_fields_the_page_omits_keep_their_values(metrics: PageMetrics, expected:
         expected.running,
         expected.kv_cache_usage,
     )
+
+
+THEN = LOADED.snapshot.field_times
+
+
+@pytest.mark.parametrize(
+    ("metrics", "times"),
+    [
+        (page(waiting=1, running=2, kv=0.5, lora=LoraState(2, frozenset({"a"}), frozenset())), (NOW,) * 4),
+        (page(waiting=1, running=2, kv=0.5), (NOW, NOW, NOW, THEN.lora)),
+        (PageMetrics(None, None, 0.5, None, idle_max_lora=4), (THEN.waiting, THEN.running, NOW, NOW)),
+        (page(waiting=1, lora_error="max_lora"), (NOW, THEN.running, THEN.kv_cache_usage, THEN.lora)),
+    ],
+    ids=["every family", "no lora family", "only kv and an idle lora series", "unusable lora series"],
+)
+def test_each_field_keeps_the_time_it_was_last_read(
+    metrics: PageMetrics, times: tuple[float, float, float, float]
+) -> None:
+    after = on_page(LOADED, metrics, NOW).snapshot
+    assert after.field_times == FieldTimes(*times)
+    assert after.updated_at == NOW
 
 
 @pytest.mark.parametrize(

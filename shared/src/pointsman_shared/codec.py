@@ -1,8 +1,10 @@
 """The versioned encoding of a pool snapshot in Redis (docs/redis-schema.md).
 
 The blob is JSON (orjson). Its ``codec`` field names the layout; a reader refuses layouts it does not
-know instead of guessing. The snapshot's ``version`` is stored beside the blob, not inside it, because
-Redis assigns it atomically at publish time.
+know instead of guessing. Layout 2 added each pod's ``fieldTimes``; layout 1 blobs (from a collector
+not yet upgraded) still decode, every field time being the pod's ``updatedAt``.
+The snapshot's ``version`` is stored beside the blob, not inside it, because Redis assigns it
+atomically at publish time.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from typing import Any
 
 import orjson
 
-from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
 
-CODEC_VERSION = 1
+CODEC_VERSION = 2
+# Layouts this reader decodes: a picker upgraded first keeps reading an older collector.
+READABLE = (1, 2)
 
 
 class CodecError(ValueError):
@@ -34,6 +38,7 @@ def pod_to_dict(pod: PodSnapshot) -> dict[str, Any]:
         "updatedAt": pod.updated_at,
         "healthy": pod.healthy,
         "reason": pod.reason,
+        "fieldTimes": _times_to_dict(pod.field_times),
     }
 
 
@@ -56,14 +61,14 @@ def decode_pool(data: bytes, version: int) -> PoolSnapshot:
     if not isinstance(doc, dict):
         raise CodecError("snapshot is not a JSON object")
     codec = doc.get("codec")
-    if codec != CODEC_VERSION:
-        raise CodecError(f"snapshot codec {codec!r} is not supported (this reader knows {CODEC_VERSION})")
+    if isinstance(codec, bool) or codec not in READABLE:
+        raise CodecError(f"snapshot codec {codec!r} is not supported (this reader knows {READABLE})")
     try:
         return PoolSnapshot(
             pool=_str(doc["pool"]),
             version=version,
             published_at=_num(doc["publishedAt"]),
-            pods=tuple(_decode_pod(p) for p in doc["pods"]),
+            pods=tuple(_decode_pod(p, codec) for p in doc["pods"]),
         )
     except (KeyError, TypeError) as exc:
         raise CodecError(f"snapshot is missing or mistypes a field: {exc}") from exc
@@ -81,12 +86,30 @@ def _encode_pod(pod: PodSnapshot) -> dict[str, Any]:
         "updatedAt": pod.updated_at,
         "healthy": pod.healthy,
         "reason": pod.reason,
+        "fieldTimes": _times_to_dict(pod.field_times),
     }
 
 
-def _decode_pod(doc: Any) -> PodSnapshot:
+def _times_to_dict(times: FieldTimes) -> dict[str, float]:
+    return {
+        "waiting": times.waiting,
+        "running": times.running,
+        "kv": times.kv_cache_usage,
+        "lora": times.lora,
+    }
+
+
+def _decode_pod(doc: Any, codec: int) -> PodSnapshot:
     if not isinstance(doc, dict):
         raise TypeError("pod is not an object")
+    updated_at = _num(doc["updatedAt"])
+    if codec == 1:
+        times = FieldTimes(updated_at, updated_at, updated_at, updated_at)
+    else:
+        raw = doc["fieldTimes"]
+        if not isinstance(raw, dict):
+            raise TypeError(f"expected an object, got {raw!r}")
+        times = FieldTimes(_num(raw["waiting"]), _num(raw["running"]), _num(raw["kv"]), _num(raw["lora"]))
     return PodSnapshot(
         address=_str(doc["address"]),
         waiting=_int(doc["waiting"]),
@@ -95,9 +118,10 @@ def _decode_pod(doc: Any) -> PodSnapshot:
         max_lora=_int(doc["maxLora"]),
         running_adapters=frozenset(_strs(doc["runningAdapters"])),
         waiting_adapters=frozenset(_strs(doc["waitingAdapters"])),
-        updated_at=_num(doc["updatedAt"]),
+        updated_at=updated_at,
         healthy=bool(doc["healthy"]),
         reason=_str(doc.get("reason", "")),
+        field_times=times,
     )
 
 

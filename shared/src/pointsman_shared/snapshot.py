@@ -6,6 +6,20 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class FieldTimes:
+    """When each field of a pod was last read from its page (unix seconds; 0 = never).
+
+    A page without some family (no LoRA metrics, an older server) still updates the others: the
+    missing fields keep their values and their older times, so a reader can tell how fresh each is.
+    """
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_cache_usage: float = 0.0
+    lora: float = 0.0  # max_lora and the adapter sets
+
+
+@dataclass(frozen=True, slots=True)
 class PodSnapshot:
     """One pod's normalized state, as of ``updated_at`` (unix seconds of the last good scrape)."""
 
@@ -19,6 +33,7 @@ class PodSnapshot:
     updated_at: float = 0.0
     healthy: bool = True
     reason: str = ""  # why the pod is unhealthy; empty while healthy
+    field_times: FieldTimes = FieldTimes()
     active_adapters: frozenset[str] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,9 @@
 """From scrape outcomes to the pod state the collector publishes. Pure: time comes in as ``now``.
 
 Rules (upstream-spec §4):
-- A field the page did not give keeps its previous value (upstream's partial updates).
+- A field the page did not give keeps its previous value and its update time (upstream's partial
+  updates); ``field_times`` says when each was last read. The LoRA fields count as read when the page
+  had a usable LoRA series, idle ones included (an idle series says "nothing loaded changed").
 - ``page.lora is None`` (no LoRA family, or only idle series) keeps the previous adapter sets and
   max_lora: the last-known adapter set rule. ``page.lora_error`` leaves the LoRA fields as they were
   while queue and KV still update.
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pointsman_shared.model_server import PageMetrics
-from pointsman_shared.snapshot import PodSnapshot
+from pointsman_shared.snapshot import FieldTimes, PodSnapshot
 
 # Reasons of unhealthy pods besides the scrape error reasons (errors.SCRAPE_REASONS).
 PENDING = "pending"  # not scraped yet
@@ -53,6 +55,7 @@ def on_page(state: PodState, page: PageMetrics, now: float) -> PodState:
     """A good scrape: merge the page into the previous snapshot; the pod is healthy."""
     prev = state.snapshot
     lora = page.lora
+    times = prev.field_times
     return PodState(
         PodSnapshot(
             address=prev.address,
@@ -63,6 +66,12 @@ def on_page(state: PodState, page: PageMetrics, now: float) -> PodState:
             running_adapters=prev.running_adapters if lora is None else lora.running,
             waiting_adapters=prev.waiting_adapters if lora is None else lora.waiting,
             updated_at=now,
+            field_times=FieldTimes(
+                waiting=times.waiting if page.waiting is None else now,
+                running=times.running if page.running is None else now,
+                kv_cache_usage=times.kv_cache_usage if page.kv_cache_usage is None else now,
+                lora=now if lora is not None or page.idle_max_lora is not None else times.lora,
+            ),
         ),
         good=True,
     )
