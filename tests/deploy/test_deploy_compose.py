@@ -163,3 +163,22 @@ def test_compose_serves_the_models_of_the_local_config() -> None:
     local = load_config(REPO / "config/local.yaml", environ={})
     assert CONFIG.models == local.models
     assert CONFIG.scheduling == local.scheduling
+
+
+# The Compose Specification's keys this file may use: a misspelt key is ignored by nothing but a schema,
+# and there is no compose CLI here to run `docker compose config`.
+TOP_LEVEL_KEYS = {"name", "services", "networks", "volumes", "configs", "secrets"}
+SERVICE_KEYS = {
+    "build", "image", "command", "entrypoint", "environment", "volumes", "ports", "networks", "depends_on",
+    "healthcheck", "restart", "read_only", "tmpfs", "cap_drop", "security_opt", "user", "labels",
+}  # fmt: skip
+HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
+
+
+def test_only_compose_specification_keys() -> None:
+    assert {k for k in COMPOSE if not k.startswith("x-")} <= TOP_LEVEL_KEYS
+    for name, service in SERVICES.items():
+        assert set(service) <= SERVICE_KEYS, f"{name}: {set(service) - SERVICE_KEYS}"
+        assert set(service["healthcheck"]) <= HEALTHCHECK_KEYS, name
+        assert set(service.get("build", {})) <= {"context", "dockerfile", "args", "target"}, name
+        assert service.get("restart", "no") in {"no", "always", "on-failure", "unless-stopped"}, name
