@@ -23,6 +23,8 @@ PURE_MODULES = [
     "pointsman_picker.resolution",
     "pointsman_picker.scheduling",
     "pointsman_sim.engine",
+    "pointsman_sim.fleet",
+    "pointsman_sim.calibration",
 ]
 FORBIDDEN = ("grpc", "redis", "httpx", "fastapi", "starlette", "uvicorn", "aiohttp", "asyncio")
 

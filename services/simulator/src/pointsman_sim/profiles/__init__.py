@@ -1,6 +1,6 @@
 """Engine profiles: a GPU + model + vLLM version as the engine's constants, shipped as YAML files.
 
-Each file in ``profiles/`` cites the published figure behind every constant; ``load_profile(name)``
+Each YAML file beside this module cites the published figure behind every constant; ``load_profile(name)``
 turns one into an :class:`~pointsman_sim.engine.EngineConfig`.
 """
 
@@ -33,7 +33,7 @@ class Profile:
 
 
 def profile_names() -> list[str]:
-    files = resources.files("pointsman_sim").joinpath("profiles").iterdir()
+    files = resources.files(__name__).iterdir()
     return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
 
 
@@ -41,7 +41,7 @@ def load_profile(name: str) -> Profile:
     """Raise :class:`ProfileError` for an unknown name or a malformed file."""
     if name not in profile_names():
         raise ProfileError(f"unknown profile {name!r}; known: {', '.join(profile_names())}")
-    text = resources.files("pointsman_sim").joinpath("profiles").joinpath(f"{name}.yaml").read_text()
+    text = resources.files(__name__).joinpath(f"{name}.yaml").read_text()
     return parse_profile(name, yaml.safe_load(text))
 
 
