@@ -80,8 +80,12 @@ def test_ext_proc_matches_the_picker_contract() -> None:
         "request_trailer_mode": "SKIP",
         "response_trailer_mode": "SKIP",
     }
-    assert ext_proc["failure_mode_allow"] is False
-    assert ext_proc["grpc_service"] == {"envoy_grpc": {"cluster_name": envoy.PICKER_CLUSTER}}
+    # Safe: a request the picker never answered has no destination header, so it finds no pod.
+    assert ext_proc["failure_mode_allow"] is True
+    assert ext_proc["grpc_service"]["envoy_grpc"] == {"cluster_name": envoy.PICKER_CLUSTER}
+    retry = ext_proc["grpc_service"]["retry_policy"]
+    assert retry["retry_on"] == "connect-failure,refused-stream,unavailable"
+    assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
     assert ext_proc["metadata_options"] == {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
 
 
@@ -98,6 +102,12 @@ def test_ext_proc_matches_the_picker_contract() -> None:
 def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str, str]) -> None:
     mode = _ext_proc(envoy.bootstrap(_options(**overrides)))["processing_mode"]
     assert {key: mode[key] for key in expected} == expected
+
+
+def test_a_picker_that_refuses_connections_is_ejected_at_once() -> None:
+    outliers = _cluster(envoy.bootstrap(_options()), envoy.PICKER_CLUSTER)["outlier_detection"]
+    assert outliers["split_external_local_origin_errors"] is True
+    assert outliers["consecutive_local_origin_failure"] == 1
 
 
 def test_pods_are_routed_by_the_destination_header() -> None:

@@ -33,6 +33,7 @@ _EXT_PROC = _TYPE_URL + "envoy.extensions.filters.http.ext_proc.v3.ExternalProce
 _ROUTER = _TYPE_URL + "envoy.extensions.filters.http.router.v3.Router"
 _EARLY_MUTATION = _TYPE_URL + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
 _HTTP_OPTIONS = _TYPE_URL + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_PREVIOUS_HOSTS = _TYPE_URL + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 _STDOUT_LOG = _TYPE_URL + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog"
 _DOWNSTREAM_CONNECTIONS = (
     _TYPE_URL + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
@@ -229,9 +230,27 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": _EXT_PROC,
-            "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}},
-            # FailClose: without the picker there is no pod to route to.
-            "failure_mode_allow": False,
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": PICKER_CLUSTER},
+                # Opening the stream to a picker that just died fails: try another one.
+                "retry_policy": {
+                    "retry_on": "connect-failure,refused-stream,unavailable",
+                    "num_retries": 2,
+                    "retry_back_off": {"base_interval": "0.01s", "max_interval": "0.1s"},
+                    "retry_host_predicate": [
+                        {
+                            "name": "envoy.retry_host_predicates.previous_hosts",
+                            "typed_config": {"@type": _PREVIOUS_HOSTS},
+                        }
+                    ],
+                    "host_selection_retry_max_attempts": 3,
+                },
+            },
+            # True, and still no request reaches a pod unrouted: the client's destination header is
+            # removed first, so a request the picker never answered finds no pod (503, flags UH). What
+            # it buys: a request already routed survives its picker dying during the response phase
+            # (with False, Envoy cuts every in-flight response of that picker with a 503).
+            "failure_mode_allow": True,
             # Picker unreachable or too slow: 503 (Envoy's default, 500, reads like a bug in the picker).
             "status_on_error": {"code": "ServiceUnavailable"},
             "message_timeout": _duration(options.message_timeout_s),
@@ -282,6 +301,14 @@ def _picker_cluster(options: EnvoyOptions) -> dict[str, Any]:
                 "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
             }
         ],
+        # A picker that refuses or resets connections (killed) is ejected at its first such failure,
+        # without waiting for the health checks; one picker is always kept, even if it looks down.
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "base_ejection_time": "10s",
+            "max_ejection_percent": 100,
+        },
         # ext_proc is gRPC, so this cluster must speak HTTP/2.
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -43,6 +43,8 @@ class StackPorts:
     picker: int
     picker_health: int
     picker_metrics: int
+    # Replicas beyond the first: (ext_proc, health, metrics) ports each; all behind the one Envoy.
+    more_pickers: tuple[tuple[int, int, int], ...] = ()
 
     @classmethod
     def from_config(
@@ -64,7 +66,7 @@ class StackPorts:
         )
 
     @classmethod
-    def free(cls, pod_count: int) -> StackPorts:
+    def free(cls, pod_count: int, picker_replicas: int = 1) -> StackPorts:
         """Ports nobody listens on now, so tests can run beside a `make run` stack."""
         return cls(
             gateway=free_port(),
@@ -74,7 +76,13 @@ class StackPorts:
             picker=free_port(),
             picker_health=free_port(),
             picker_metrics=free_port(),
+            more_pickers=tuple((free_port(), free_port(), free_port()) for _ in range(picker_replicas - 1)),
         )
+
+    @property
+    def pickers(self) -> tuple[tuple[int, int, int], ...]:
+        """(ext_proc, health, metrics) of every picker replica, the first one first."""
+        return ((self.picker, self.picker_health, self.picker_metrics), *self.more_pickers)
 
     def table(self) -> list[tuple[str, int]]:
         rows = [("gateway (Envoy)", self.gateway), ("Envoy admin", self.envoy_admin)]
@@ -85,6 +93,12 @@ class StackPorts:
             ("picker health", self.picker_health),
             ("picker metrics", self.picker_metrics),
         ]
+        for i, (ext_proc, health, metrics) in enumerate(self.more_pickers, start=2):
+            rows += [
+                (f"picker {i} ext_proc", ext_proc),
+                (f"picker {i} health", health),
+                (f"picker {i} metrics", metrics),
+            ]
         return rows
 
 
@@ -281,12 +295,22 @@ class Stack:
         env["PYTHONUNBUFFERED"] = "1"
         derived = derive_config(self._config, self.ports, self.redis.url, self.host)
         self.config_file.write_text(yaml.safe_dump(derived, sort_keys=False), encoding="utf-8")
+        # Each further picker replica gets the same config with its own listen ports.
+        replica_files = [self.config_file]
+        for i, (ext_proc, health, metrics) in enumerate(self.ports.more_pickers, start=2):
+            derived["picker"]["listen"] = join_host_port(LOOPBACK, ext_proc)
+            derived["picker"]["healthListen"] = join_host_port(LOOPBACK, health)
+            derived["picker"]["metricsListen"] = join_host_port(LOOPBACK, metrics)
+            path = self.run_dir / f"pointsman-picker-{i}.yaml"
+            path.write_text(yaml.safe_dump(derived, sort_keys=False), encoding="utf-8")
+            replica_files.append(path)
         envoy_options = envoy.EnvoyOptions.from_config(
             load_config(self.config_file, environ={}),
             gateway_listen=join_host_port(LOOPBACK, self.ports.gateway),
             admin_listen=join_host_port(LOOPBACK, self.ports.envoy_admin),
         )
-        envoy.write_bootstrap(envoy_options, self.envoy_file)
+        pickers = tuple(join_host_port(LOOPBACK, ports[0]) for ports in self.ports.pickers)
+        envoy.write_bootstrap(replace(envoy_options, pickers=pickers), self.envoy_file)
 
         timeout = self.options.startup_timeout
         with httpx.Client(timeout=1.0) as client:
@@ -301,9 +325,12 @@ class Stack:
                 collector, ready, timeout=timeout, what="/readyz 200 (Redis reached, a snapshot published)"
             )
 
-            picker = self._spawn("picker", [_console_script("pointsman-picker"), *config], env)
-            health = grpc_serving(join_host_port(LOOPBACK, self.ports.picker_health))
-            wait_ready(picker, health, timeout=timeout, what="gRPC health SERVING")
+            for i, (path, ports) in enumerate(zip(replica_files, self.ports.pickers, strict=True)):
+                name = "picker" if i == 0 else f"picker-{i + 1}"
+                argv = [_console_script("pointsman-picker"), "--config", str(path)]
+                picker = self._spawn(name, argv, env)
+                serving = grpc_serving(join_host_port(LOOPBACK, ports[1]))
+                wait_ready(picker, serving, timeout=timeout, what="gRPC health SERVING")
 
             envoy_args = ["-c", str(self.envoy_file), "--log-level", self.options.envoy_log_level]
             # Hot restart would make every Envoy on this machine share one shared-memory region: the
