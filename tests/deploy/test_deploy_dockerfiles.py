@@ -8,9 +8,12 @@ import os
 import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 from deploy_kit import REPO, SERVICES, dockerfile_instructions
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from pointsman_devstack.stack import Stack
 
@@ -100,3 +103,48 @@ def test_health_checks_fail_where_nothing_answers(stack: Stack) -> None:
     }
     for service, env in closed.items():
         assert _run_healthcheck(service, env).returncode != 0, service
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "requirements/runtime.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def _closure(distribution: str) -> set[str]:
+    """``distribution`` and everything it needs on this interpreter (extras asked for included)."""
+    done: set[tuple[str, frozenset[str]]] = set()
+    todo = [(distribution, frozenset[str]())]
+    while todo:
+        name, extras = todo.pop()
+        key = (canonicalize_name(name), extras)
+        if key in done:
+            continue
+        done.add(key)
+        for text in metadata.requires(name) or []:
+            requirement = Requirement(text)
+            environments = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if requirement.marker is None or any(requirement.marker.evaluate(env) for env in environments):
+                todo.append((requirement.name, frozenset(requirement.extras)))
+    return {name for name, _extras in done}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_lock_pins_everything_the_image_installs(service: str) -> None:
+    # The image installs our wheels with the lock as constraints: a dependency the lock does not name
+    # would come in at whatever version is newest on the day of the build.
+    pins = _pins()
+    ours = {"pointsman-shared", "pointsman-collector", "pointsman-picker", "pointsman-sim"}
+    distribution = {
+        "collector": "pointsman-collector",
+        "picker": "pointsman-picker",
+        "simulator": "pointsman-sim",
+    }
+    needed = _closure(distribution[service]) | {"uvloop"}
+    missing = sorted(needed - ours - set(pins))
+    assert not missing, f"add to requirements/runtime.txt: {missing}"
+    for name in needed - ours:
+        assert metadata.version(name) == pins[name], name
