@@ -40,6 +40,7 @@ def test_a_full_document() -> None:
                 "name": "p",
                 "targetPort": 8000,
                 "endpoints": ["10.0.0.1", "10.0.0.2:9000", "[fd00::1]"],
+                "endpointsFile": "/etc/pointsman/endpoints",
             },
             "models": [
                 {
@@ -54,6 +55,7 @@ def test_a_full_document() -> None:
         }
     )
     assert config.pool.endpoints == ("10.0.0.1:8000", "10.0.0.2:9000", "[fd00::1]:8000")
+    assert config.pool.endpoints_file == "/etc/pointsman/endpoints"
     assert config.models[0].criticality is Criticality.CRITICAL
     assert [t.weight for t in config.models[0].target_models] == [50, 50]
     assert config.models[1].criticality is None
@@ -77,6 +79,11 @@ def _problems(doc: dict[str, Any], environ: dict[str, str] | None = None) -> lis
         ({"pool": {"endpoints": ["a:1", "a:1"]}}, "pool.endpoints[1]", "listed twice"),
         ({"pool": {"failureMode": "Maybe"}}, "pool.failureMode", "FailOpen"),
         ({"models": [{"modelName": "m", "criticality": "High"}]}, "models[0].criticality", "Critical"),
+        (
+            {"models": [{"modelName": "m", "criticality": "Critical", "priority": 1}]},
+            "models[0].priority",
+            "not both",
+        ),
         (
             {"models": [{"modelName": "m", "targetModels": [{"name": "a", "weight": 0}]}]},
             "models[0].targetModels[0].weight",

@@ -31,6 +31,12 @@ def test_only_critical_is_critical(criticality, critical):
     assert catalog.resolve("m", random.Random(0)) == Resolution("m", "m", critical)
 
 
+@pytest.mark.parametrize(("priority", "critical"), [(-1, False), (0, True), (10, True)])
+def test_an_inference_objective_is_sheddable_only_with_a_negative_priority(priority, critical):
+    objective = InferenceModel.model_validate({"modelName": "m", "priority": priority})
+    assert ModelCatalog([objective]).resolve("m", random.Random(0)) == Resolution("m", "m", critical)
+
+
 def test_unknown_model_is_none():
     assert ModelCatalog([model("m")]).resolve("other", random.Random(0)) is None
 

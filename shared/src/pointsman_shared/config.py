@@ -114,6 +114,8 @@ class PoolConfig(_Model):
     name: str = Field(default="default-pool", min_length=1)
     target_port: int = Field(default=8000, gt=0, lt=65536)
     endpoints: tuple[str, ...] = ()
+    # A file of more endpoints, one per line ('#' comments); the collector re-reads it when it changes.
+    endpoints_file: str | None = Field(default=None, min_length=1)
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
 
     @field_validator("endpoints")
@@ -138,11 +140,28 @@ class TargetModel(_Model):
 
 
 class InferenceModel(_Model):
-    """An InferenceModel (inference.networking.x-k8s.io/v1alpha2), as the config file states it."""
+    """An InferenceModel (inference.networking.x-k8s.io/v1alpha2), as the config file states it; or,
+    with ``priority`` instead of ``criticality``, an InferenceObjective (upstream's successor: a
+    negative priority is sheddable, zero or more is not)."""
 
     model_name: str = Field(min_length=1)
     criticality: Criticality | None = None
+    priority: int | None = None
     target_models: tuple[TargetModel, ...] = Field(default=(), max_length=10)
+
+    @field_validator("priority")
+    @classmethod
+    def _criticality_or_priority(cls, priority: int | None, info: ValidationInfo) -> int | None:
+        if priority is not None and info.data.get("criticality") is not None:
+            raise ValueError("set criticality (InferenceModel) or priority (InferenceObjective), not both")
+        return priority
+
+    @property
+    def critical(self) -> bool:
+        """Never shed: criticality exactly Critical, or a priority of zero or more."""
+        if self.priority is not None:
+            return self.priority >= 0
+        return self.criticality is Criticality.CRITICAL
 
     @field_validator("target_models")
     @classmethod

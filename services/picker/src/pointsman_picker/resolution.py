@@ -1,4 +1,5 @@
-"""Model resolution (spec §3): the name a client sends -> the model to serve and its criticality.
+"""Model resolution (spec §3): the name a client sends -> the model to serve and whether it may be shed
+(InferenceModel criticality, or InferenceObjective priority).
 
 Pure: the randomness of the target draw comes from the caller's ``random.Random``.
 """
@@ -9,7 +10,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pointsman_shared.config import Criticality, InferenceModel
+from pointsman_shared.config import InferenceModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +31,7 @@ class ModelCatalog:
         model = self._models.get(name)
         if model is None:
             return None
-        return Resolution(
-            model=name, target=draw_target(model, rng), critical=model.criticality is Criticality.CRITICAL
-        )
+        return Resolution(model=name, target=draw_target(model, rng), critical=model.critical)
 
 
 def draw_target(model: InferenceModel, rng: random.Random) -> str:
