@@ -73,11 +73,14 @@ async def test_serves_until_sigterm_then_exits_0(
     tmp_path: Path, redis_url: str, pod_server, fixture_page
 ) -> None:
     pod = await pod_server(fixture_page("vllm-v0-lora"))
+    added = await pod_server(fixture_page("vllm-current-lora"))
+    endpoints = tmp_path / "endpoints.txt"
+    endpoints.write_text("# the endpoints file starts empty\n")
     port = free_port()
     config = write_config(
         tmp_path,
-        f"pool:\n  name: cli\n  endpoints: ['{pod.address}']\nredis:\n  url: {redis_url}\n"
-        f"collector:\n  listen: 127.0.0.1:{port}\n",
+        f"pool:\n  name: cli\n  endpoints: ['{pod.address}']\n  endpointsFile: {endpoints}\n"
+        f"redis:\n  url: {redis_url}\ncollector:\n  listen: 127.0.0.1:{port}\n",
     )
     process = await run_collector(config)
     try:
@@ -95,6 +98,13 @@ async def test_serves_until_sigterm_then_exits_0(
             assert [(p["address"], p["healthy"], p["waiting"]) for p in body["pods"]] == [
                 (pod.address, True, 3)
             ]
+            # A pod added to the endpoints file joins the pool without a restart.
+            endpoints.write_text(f"{added.address}\n")
+            async with asyncio.timeout(10):
+                while True:
+                    if len((await client.get("/v1/pool")).json()["pods"]) == 2:
+                        break
+                    await asyncio.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(10):
             _, stderr = await process.communicate()

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from pointsman_collector.app import create_app
 from pointsman_collector.loop import Collector
 from pointsman_collector.sink import RedisSnapshotSink
+from pointsman_collector.targets import FileTargets
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
 from pointsman_shared.keys import RedisKeys
 
@@ -72,6 +73,18 @@ async def serve(config: PointsmanConfig) -> int:
             timeout_graceful_shutdown=HTTP_GRACE,
         )
     )
+    endpoints = config.pool.endpoints
+    watcher: asyncio.Task[None] | None = None
+    if config.pool.endpoints_file is not None:
+        targets = FileTargets(
+            config.pool.endpoints_file,
+            static=config.pool.endpoints,
+            default_port=config.pool.target_port,
+            on_change=collector.set_targets,
+        )
+        targets.refresh()
+        endpoints = targets.endpoints
+        watcher = asyncio.create_task(targets.watch(), name="endpoints file")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -79,12 +92,12 @@ async def serve(config: PointsmanConfig) -> int:
     log.info(
         "collecting pool %s: %d pods every %.0f ms, publishing to %s, listening on %s",
         config.pool.name,
-        len(config.pool.endpoints),
+        len(endpoints),
         config.collector.interval * 1000,
         _redacted(config.redis.url),
         config.collector.listen,
     )
-    collector.start(config.pool.endpoints)
+    collector.start(endpoints)
     http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
     signalled = asyncio.create_task(stop.wait(), name="signal")
     try:
@@ -93,6 +106,9 @@ async def serve(config: PointsmanConfig) -> int:
         log.info("shutting down")
         # Readiness goes false and the loops stop, then HTTP drains, then Redis closes.
         signalled.cancel()
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
         await collector.stop()
         server.should_exit = True
         (http_outcome,) = await asyncio.gather(http, return_exceptions=True)

@@ -5,6 +5,7 @@ CollectorError
 ├── ScrapeError          one scrape of one pod failed; the pod loop counts it and carries on
 │   ├── FetchError       the HTTP exchange failed: timeout, connect, http_status, too_large, protocol
 │   └── PageError        the page was fetched but is unusable: content_type, parse, value, no_metrics
+├── DiscoveryError       the pod list could not be read: file
 └── PublishError         a publish to Redis failed: connection, timeout, server
 ```
 """
@@ -84,6 +85,10 @@ class PageError(ScrapeError):
     @classmethod
     def from_metrics_error(cls, exc: MetricsPageError) -> PageError:
         return cls(exc.reason, exc.detail)
+
+
+class DiscoveryError(CollectorError):
+    """The pod list could not be read; the previous list stays in use."""
 
 
 class PublishError(CollectorError):
