@@ -30,7 +30,7 @@ class Source:
 def setup() -> tuple[CollectorRegistry, CollectorMetrics, Source]:
     registry = CollectorRegistry()
     source = Source()
-    return registry, CollectorMetrics(registry, pool="p", snapshot=source), source
+    return registry, CollectorMetrics(registry, pool="p", snapshot=source, clock=lambda: 3.5), source
 
 
 def value(registry: CollectorRegistry, metric: str, **labels: str) -> float | None:
@@ -49,6 +49,7 @@ def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
     registry, _, source = setup
     assert value(registry, "inference_pool_ready_pods", name="p") == 0
     assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") is None
+    assert value(registry, "pointsman_collector_snapshot_age_seconds", pool="p") is None
     source.snapshot = pool(
         pod("a:1", waiting=4, running=2, kv_cache_usage=0.5, running_adapters=frozenset({"x", "y"})),
         pod("b:1", waiting=2, kv_cache_usage=0.25, waiting_adapters=frozenset({"x"})),
@@ -65,6 +66,9 @@ def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
     assert value(registry, "inference_pool_ready_pods", name="p") == 2
     assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") == pytest.approx(0.375)
     assert value(registry, "inference_pool_average_queue_size", name="p") == 3
+    assert value(registry, "pointsman_collector_pods", pool="p", health="healthy", reason="") == 2
+    assert value(registry, "pointsman_collector_pods", pool="p", health="unhealthy", reason="timeout") == 1
+    assert value(registry, "pointsman_collector_snapshot_age_seconds", pool="p") == 2.5  # published at 1.0
 
 
 def test_a_pod_that_left_leaves_no_series(setup) -> None:
@@ -74,6 +78,8 @@ def test_a_pod_that_left_leaves_no_series(setup) -> None:
     source.snapshot = pool(pod("a:1"))
     page = generate_latest(registry)
     assert b'pod="b:1"' not in page
+    source.snapshot = pool(pod("a:1", healthy=False, reason="timeout"))
+    assert b'health="healthy"' not in generate_latest(registry)  # no state left at a stale count
     assert b'pod="a:1"' in page
 
 

@@ -115,7 +115,7 @@ class Collector:
         self._publish_every = publish_every
         self._clock = clock
         self._rng = rng or random.Random()
-        self._metrics = CollectorMetrics(registry, pool=pool, snapshot=lambda: self._published)
+        self._metrics = CollectorMetrics(registry, pool=pool, snapshot=lambda: self._published, clock=clock)
         self._pool = PoolState()
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._retiring: set[asyncio.Task[None]] = set()

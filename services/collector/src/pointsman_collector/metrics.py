@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -18,7 +20,12 @@ _PUBLISH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 
 class CollectorMetrics:
     def __init__(
-        self, registry: CollectorRegistry, *, pool: str, snapshot: Callable[[], PoolSnapshot | None]
+        self,
+        registry: CollectorRegistry,
+        *,
+        pool: str,
+        snapshot: Callable[[], PoolSnapshot | None],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.scrape_duration = Histogram(
             "pointsman_collector_scrape_duration_seconds",
@@ -54,7 +61,7 @@ class CollectorMetrics:
             self.scrape_errors.labels(reason)
         for reason in PUBLISH_REASONS:
             self.publish_errors.labels(reason)
-        registry.register(PoolCollector(pool, snapshot))
+        registry.register(PoolCollector(pool, snapshot, clock))
 
 
 class PoolCollector(Collector):
@@ -63,9 +70,12 @@ class PoolCollector(Collector):
     Built fresh on every collect, so a pod that left the pool leaves no stale series behind.
     """
 
-    def __init__(self, pool: str, snapshot: Callable[[], PoolSnapshot | None]) -> None:
+    def __init__(
+        self, pool: str, snapshot: Callable[[], PoolSnapshot | None], clock: Callable[[], float]
+    ) -> None:
         self._pool = pool
         self._snapshot = snapshot
+        self._clock = clock
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # the series depend on the pods; nothing to check at registration
@@ -97,6 +107,23 @@ class PoolCollector(Collector):
             adapters.add_metric(key, len(pod.active_adapters))
             healthy.add_metric(key, 1.0 if pod.healthy else 0.0)
         yield from (waiting, running, kv, adapters, healthy)
+        # How many pods are in each state, so a dashboard shows why pods are out without per-pod series.
+        by_health = GaugeMetricFamily(
+            "pointsman_collector_pods",
+            "Pods of the last published snapshot, by health and the reason a pod is unhealthy.",
+            labels=["pool", "health", "reason"],
+        )
+        for (ok, reason), count in sorted(Tally((pod.healthy, pod.reason) for pod in pods).items()):
+            by_health.add_metric([self._pool, "healthy" if ok else "unhealthy", reason], count)
+        yield by_health
+        if snapshot is not None:
+            age = GaugeMetricFamily(
+                "pointsman_collector_snapshot_age_seconds",
+                "Seconds since the last snapshot Redis accepted was built.",
+                labels=["pool"],
+            )
+            age.add_metric([self._pool], max(0.0, self._clock() - snapshot.published_at))
+            yield age
         # Upstream's pool gauges, averaged over the pods the picker would use.
         ready = [pod for pod in pods if pod.healthy]
         name = [self._pool]
