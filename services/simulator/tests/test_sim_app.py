@@ -342,3 +342,15 @@ async def test_dropped_connections_and_slow_metrics(served: tuple[SimPod, str]) 
             await client.get("/metrics", timeout=0.1)
         await client.post("/control", json={"fault": None})
         assert (await client.get("/metrics")).status_code == 200
+
+
+async def test_control_state_shows_the_engine_counters(client: httpx.AsyncClient) -> None:
+    for adapter in ("sql-lora", "tweet-summary-0", "sql-lora"):
+        assert (
+            await client.post("/v1/completions", json=completion(adapter, max_tokens=2))
+        ).status_code == 200
+    state = (await client.get("/control")).json()
+    assert (state["pin"], state["fault"]) == (None, None)
+    totals = state["totals"]
+    # One slot and a CPU cache of one: every switch loads from disk and evicts the idle adapter.
+    assert (totals["finished"], totals["lora_loads_from_disk"], totals["lora_evictions"]) == (3, 3, 2)

@@ -13,7 +13,8 @@ Routes:
   "runningAdapters": ["a"], "waitingAdapters": [], "maxLora": 4}}`` (any subset of the keys) replaces
   the pins, ``{"pin": null}`` clears them; ``{"fault": {...}}`` likewise for injected faults
   (:mod:`pointsman_sim.control` lists them); answers ``{"pin": <pins> | null, "fault": <faults> |
-  null}``. Errors: 400. Faults never apply to ``/control`` itself.
+  null}``. Errors: 400. Faults never apply to ``/control`` itself. ``GET /control`` answers the same
+  and ``"totals"``: the engine's counters (tokens, requests, preemptions, adapter loads and evictions).
 
 Every response, errors included, carries ``x-pointsman-pod: <pod name>`` so tests can tell which pod
 served a request. Errors have vLLM's shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -22,6 +23,7 @@ served a request. Errors have vLLM's shape ``{"error": {"message", "type", "para
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -144,12 +146,11 @@ def create_app(pod: SimPod) -> FastAPI:
             pod.pins = change.pins
         if change.sets_faults:
             pod.set_faults(change.faults)
-        return _json(
-            {
-                "pin": None if pod.pins is None else pod.pins.to_json(),
-                "fault": None if pod.faults is None else pod.faults.to_json(),
-            }
-        )
+        return _json(_control_state(pod))
+
+    @app.get("/control")
+    async def control_state() -> Response:
+        return _json({**_control_state(pod), "totals": dataclasses.asdict(pod.engine.totals())})
 
     return app
 
@@ -245,6 +246,13 @@ def _json(payload: dict[str, object], status_code: int = 200) -> Response:
 
 def _error(status_code: int, error_type: str, message: str, param: str | None = None) -> Response:
     return _json(error_body(message, error_type, status_code, param), status_code)
+
+
+def _control_state(pod: SimPod) -> dict[str, object]:
+    return {
+        "pin": None if pod.pins is None else pod.pins.to_json(),
+        "fault": None if pod.faults is None else pod.faults.to_json(),
+    }
 
 
 def _lora_name(body: bytes) -> str | None:
