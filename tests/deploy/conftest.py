@@ -4,13 +4,13 @@ metric names they export (for the dashboards) and their answers to the images' h
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from deploy_kit import REPO, make_picker_tls
-from prometheus_client.parser import text_string_to_metric_families
 
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts
 from pointsman_shared.config import THRESHOLD_ENV, load_config
@@ -37,24 +37,46 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def exported_metrics(stack: Stack) -> frozenset[str]:
-    """Every series name in the collector's, the picker's and a pod's /metrics after some traffic."""
+    """Every series name in the collector's, the picker's, a pod's and Envoy's metrics after some traffic."""
     ports = stack.ports
     pages = [
         f"{stack.collector_url}/metrics",
         f"http://127.0.0.1:{ports.picker_metrics}/metrics",
         f"http://{stack.pod_addresses[0]}/metrics",
+        f"{stack.admin_url}/stats/prometheus",
     ]
-    names: set[str] = set()
     with httpx.Client(timeout=30.0) as client:
         for model in REQUESTS:
             body = {"model": model, "prompt": "hello", "max_tokens": 4}
             client.post(f"{stack.gateway_url}/v1/completions", json=body)
-        for url in pages:
-            response = client.get(url)
-            response.raise_for_status()
-            for family in text_string_to_metric_families(response.text):
-                names.update(sample.name for sample in family.samples)
-    return frozenset(names)
+
+        def read() -> frozenset[str]:
+            names: set[str] = set()
+            for url in pages:
+                response = client.get(url)
+                response.raise_for_status()
+                names.update(exposed_names(response.text))
+            return frozenset(names)
+
+        # The picker records a response's metrics as its stream ends, which can be just after the client
+        # has the response: read until the names stop changing.
+        names, unchanged, deadline = read(), 0, time.monotonic() + 10
+        while unchanged < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            again = read()
+            unchanged = unchanged + 1 if again == names else 0
+            names = again
+    return names
+
+
+def exposed_names(page: str) -> set[str]:
+    """Series names as a page writes them (prometheus_client's parser would add _total to Envoy's
+    counters, which Prometheus does not)."""
+    return {
+        line.split("{", 1)[0].split(" ", 1)[0]
+        for line in page.splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 @pytest.fixture(scope="session")
