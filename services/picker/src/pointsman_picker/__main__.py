@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pointsman_picker.server import serve
 from pointsman_shared.config import ConfigError, load_config
@@ -33,11 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    running = serve(config, config_path=Path(args.config))
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(config))
-    return uvloop.run(serve(config))
+        return asyncio.run(running)
+    return uvloop.run(running)
 
 
 if __name__ == "__main__":

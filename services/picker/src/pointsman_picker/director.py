@@ -59,17 +59,26 @@ class Director:
         rng: random.Random,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._catalog = ModelCatalog(config.models)
-        self._scheduler = Scheduler(config.scheduling, rng)
         self._source = source
         self._metrics = metrics
         self._rng = rng
         self._clock = clock
+        self._assignments: RecentAssignments | None = None
+        self._decisions = 0
+        self.reconfigure(config)
+
+    def reconfigure(self, config: PointsmanConfig) -> None:
+        """Use ``config``'s models, thresholds, freshness and failure mode from the next request on.
+        Assignments still in flight keep counting."""
+        self._catalog = ModelCatalog(config.models)
+        self._scheduler = Scheduler(config.scheduling, self._rng)
         self._max_staleness = config.picker.max_staleness
         self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
-        self._assignments = RecentAssignments() if config.picker.count_assignments else None
-        self._decisions = 0
+        if not config.picker.count_assignments:
+            self._assignments = None
+        elif self._assignments is None:
+            self._assignments = RecentAssignments()
 
     def route(self, body: bytes | None, explain: bool = False) -> Routing:
         """Route a request; ``body`` is ``None`` when the request has none (routed without a model).

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import random
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2, external_processor_pb2_grpc
@@ -25,8 +28,9 @@ from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcServicer
 from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotCollector
+from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotSource
-from pointsman_shared.config import PointsmanConfig
+from pointsman_shared.config import PointsmanConfig, load_config
 from pointsman_shared.keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -60,15 +64,9 @@ class PickerApp:
         self.metrics = PickerMetrics(registry)
         registry.register(SnapshotCollector(source, config.pool.name, clock))
         self.director = Director(config, source, self.metrics, rng=rng, clock=clock)
-        picker = config.picker
         self.servicer = ExtProcServicer(
             self.director.route,
-            StreamSettings(
-                picker.max_body_bytes,
-                picker.destination_header,
-                picker.metadata_namespace,
-                picker.explain_header.lower() if picker.explain_header else None,
-            ),
+            stream_settings(config),
             on_error=self._record_error,
             on_complete=self.metrics.completed,
             on_finish=self.director.release,
@@ -82,6 +80,16 @@ class PickerApp:
         self._health_server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
         self._ready_task: asyncio.Task[None] | None = None
+
+    def reconfigure(self, config: PointsmanConfig) -> None:
+        """Swap in a changed config between two requests (open streams finish with the settings they
+        started with). Addresses, Redis and the pool name are read at start only."""
+        for what, old, new in _restart_only(self.config, config):
+            log.warning("config: %s changed (%s -> %s); it takes effect after a restart", what, old, new)
+        self.director.reconfigure(config)
+        self.servicer.settings = stream_settings(config)
+        self.config = config
+        log.info("config reloaded: %d models", len(config.models))
 
     def _record_error(self, error: PickerError) -> None:
         self.metrics.failed(error.model, error.target, error.code, PROFILE, error.result)
@@ -137,6 +145,27 @@ class PickerApp:
         await self.source.aclose()
 
 
+def stream_settings(config: PointsmanConfig) -> StreamSettings:
+    picker = config.picker
+    return StreamSettings(
+        picker.max_body_bytes,
+        picker.destination_header,
+        picker.metadata_namespace,
+        picker.explain_header.lower() if picker.explain_header else None,
+    )
+
+
+def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str, object, object]]:
+    pairs = [
+        ("picker.listen", old.picker.listen, new.picker.listen),
+        ("picker.healthListen", old.picker.health_listen, new.picker.health_listen),
+        ("picker.metricsListen", old.picker.metrics_listen, new.picker.metrics_listen),
+        ("redis.url", old.redis.url, new.redis.url),
+        ("pool.name", old.pool.name, new.pool.name),
+    ]
+    return [(what, a, b) for what, a, b in pairs if a != b]
+
+
 def create_app(
     config: PointsmanConfig,
     *,
@@ -154,8 +183,10 @@ def create_app(
     )
 
 
-async def serve(config: PointsmanConfig, *, grace: float = DEFAULT_GRACE) -> int:
-    """Run until SIGINT or SIGTERM; the exit status."""
+async def serve(
+    config: PointsmanConfig, *, config_path: Path | None = None, grace: float = DEFAULT_GRACE
+) -> int:
+    """Run until SIGINT or SIGTERM, watching ``config_path`` for changes; the exit status."""
     app = create_app(config)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -167,7 +198,13 @@ async def serve(config: PointsmanConfig, *, grace: float = DEFAULT_GRACE) -> int
         log.error("cannot start: %s", exc)
         await app.stop(0)
         return 1
+    watch: asyncio.Task[None] | None = None
+    if config_path is not None:
+        load = functools.partial(load_config, environ=os.environ)
+        watch = asyncio.create_task(ConfigWatcher(config_path, load, app.reconfigure).run(), name="config")
     await stopping.wait()
     log.info("signal received, shutting down")
+    if watch is not None:
+        watch.cancel()
     await app.stop(grace)
     return 0

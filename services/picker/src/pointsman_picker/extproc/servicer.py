@@ -32,7 +32,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         clock: Clock,
     ) -> None:
         self._route = route
-        self._settings = settings
+        self.settings = settings  # swapped on a config reload; each stream keeps the one it began with
         self._on_error = on_error
         self._on_complete = on_complete
         self._on_finish = on_finish
@@ -45,7 +45,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = RequestStream(
             self._route,
-            self._settings,
+            self.settings,
             on_error=self._on_error,
             on_complete=self._on_complete,
             clock=self._clock,
