@@ -107,11 +107,22 @@ def _problems(doc: dict[str, Any], environ: dict[str, str] | None = None) -> lis
         ({"collector": {"interval": "0ms"}}, "collector.interval", "greater than 0"),
         ({"picker": {"listen": "nohost"}}, "picker.listen", "no port"),
         ({"pool": {"nme": "typo"}}, "pool.nme", "not permitted"),
+        ({"pool": {"kubernetes": {"apiVersion": "v9"}}}, "pool.kubernetes.apiVersion", "v1alpha2"),
     ],
 )
 def test_errors_name_the_path(doc: dict[str, Any], path: str, message: str) -> None:
     problems = _problems(doc)
     assert any(p == path and message in m for p, m in problems), problems
+
+
+def test_kubernetes_discovery() -> None:
+    pool = parse_config({"pool": {"kubernetes": {"apiVersion": "inference.networking.k8s.io/v1"}}}).pool
+    assert pool.kubernetes is not None
+    assert pool.kubernetes.api_version == "inference.networking.k8s.io/v1"
+    assert (pool.kubernetes.inference_pool, pool.kubernetes.namespace, pool.kubernetes.kubeconfig) == (
+        None,
+    ) * 3
+    assert parse_config({}).pool.kubernetes is None
 
 
 def test_all_problems_are_reported_at_once() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pointsman_collector.errors import DiscoveryError
-from pointsman_collector.targets import FileTargets, parse_endpoints
+from pointsman_collector.targets import FileTargets, Sources, parse_endpoints
 
 STATIC = ("10.0.0.1:8000",)
 
@@ -98,3 +98,15 @@ async def test_watch_reports_each_change(tmp_path: Path) -> None:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
     assert changes == [("10.0.0.1:8000", "10.0.0.3:8000")]
+
+
+def test_sources_push_their_union_once_connected() -> None:
+    pushed: list[tuple[str, ...]] = []
+    sources = Sources()
+    sources.update("config", ("a:1", "b:1"))
+    sources.update("file", ("b:1", "c:1"))
+    assert pushed == []
+    sources.connect(pushed.append)
+    sources.update("kubernetes", ("d:1",))
+    sources.update("file", ())
+    assert pushed == [("a:1", "b:1", "c:1"), ("a:1", "b:1", "c:1", "d:1"), ("a:1", "b:1", "d:1")]

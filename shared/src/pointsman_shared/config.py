@@ -110,12 +110,27 @@ class FailureMode(StrEnum):
     FAIL_CLOSE = "FailClose"
 
 
+class KubernetesDiscovery(_Model):
+    """Pods from an InferencePool and the Ready pods its selector matches (the collector watches both)."""
+
+    # The InferencePool's name; default: pool.name.
+    inference_pool: str | None = Field(default=None, min_length=1)
+    # Default: the service account's namespace in a cluster, else the kubeconfig context's.
+    namespace: str | None = Field(default=None, min_length=1)
+    api_version: Literal["inference.networking.x-k8s.io/v1alpha2", "inference.networking.k8s.io/v1"] = (
+        "inference.networking.x-k8s.io/v1alpha2"
+    )
+    # Unset: the in-cluster service account.
+    kubeconfig: str | None = Field(default=None, min_length=1)
+
+
 class PoolConfig(_Model):
     name: str = Field(default="default-pool", min_length=1)
     target_port: int = Field(default=8000, gt=0, lt=65536)
     endpoints: tuple[str, ...] = ()
     # A file of more endpoints, one per line ('#' comments); the collector re-reads it when it changes.
     endpoints_file: str | None = Field(default=None, min_length=1)
+    kubernetes: KubernetesDiscovery | None = None
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
 
     @field_validator("endpoints")

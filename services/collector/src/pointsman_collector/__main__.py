@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -16,9 +18,11 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from pointsman_collector.app import create_app
+from pointsman_collector.errors import DiscoveryError
+from pointsman_collector.kubernetes import KubernetesTargets, from_kubeconfig, in_cluster
 from pointsman_collector.loop import Collector
 from pointsman_collector.sink import RedisSnapshotSink
-from pointsman_collector.targets import FileTargets
+from pointsman_collector.targets import FileTargets, Sources
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
 from pointsman_shared.keys import RedisKeys
 
@@ -26,6 +30,8 @@ log = logging.getLogger("pointsman_collector")
 
 # uvicorn's own bound on draining open HTTP requests at shutdown.
 HTTP_GRACE = 5
+# How long the first Kubernetes list may take before scraping starts without its pods.
+FIRST_DISCOVERY = 5.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,18 +79,14 @@ async def serve(config: PointsmanConfig) -> int:
             timeout_graceful_shutdown=HTTP_GRACE,
         )
     )
-    endpoints = config.pool.endpoints
-    watcher: asyncio.Task[None] | None = None
-    if config.pool.endpoints_file is not None:
-        targets = FileTargets(
-            config.pool.endpoints_file,
-            static=config.pool.endpoints,
-            default_port=config.pool.target_port,
-            on_change=collector.set_targets,
-        )
-        targets.refresh()
-        endpoints = targets.endpoints
-        watcher = asyncio.create_task(targets.watch(), name="endpoints file")
+    sources = Sources()
+    try:
+        discovery = await _start_discovery(config, sources)
+    except DiscoveryError as exc:
+        log.error("cannot discover pods: %s", exc.detail)
+        sock.close()
+        await sink.aclose()
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,12 +94,13 @@ async def serve(config: PointsmanConfig) -> int:
     log.info(
         "collecting pool %s: %d pods every %.0f ms, publishing to %s, listening on %s",
         config.pool.name,
-        len(endpoints),
+        len(sources.endpoints),
         config.collector.interval * 1000,
         _redacted(config.redis.url),
         config.collector.listen,
     )
-    collector.start(endpoints)
+    collector.start(sources.endpoints)
+    sources.connect(collector.set_targets)
     http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
     signalled = asyncio.create_task(stop.wait(), name="signal")
     try:
@@ -106,9 +109,9 @@ async def serve(config: PointsmanConfig) -> int:
         log.info("shutting down")
         # Readiness goes false and the loops stop, then HTTP drains, then Redis closes.
         signalled.cancel()
-        if watcher is not None:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+        for task in discovery:
+            task.cancel()
+        await asyncio.gather(*discovery, return_exceptions=True)
         await collector.stop()
         server.should_exit = True
         (http_outcome,) = await asyncio.gather(http, return_exceptions=True)
@@ -121,6 +124,43 @@ async def serve(config: PointsmanConfig) -> int:
         return 1
     log.info("stopped")
     return 0
+
+
+async def _start_discovery(config: PointsmanConfig, sources: Sources) -> list[asyncio.Task[None]]:
+    """Fill ``sources`` with the first endpoint sets and start the tasks that keep them current."""
+    pool = config.pool
+    sources.update("config", pool.endpoints)
+    tasks: list[asyncio.Task[None]] = []
+    if pool.endpoints_file is not None:
+        file = FileTargets(
+            pool.endpoints_file,
+            static=(),
+            default_port=pool.target_port,
+            on_change=functools.partial(sources.update, "file"),
+        )
+        file.refresh()
+        sources.update("file", file.endpoints)
+        tasks.append(asyncio.create_task(file.watch(), name="endpoints file"))
+    if pool.kubernetes is not None:
+        k8s = pool.kubernetes
+        if k8s.kubeconfig is not None:
+            access = from_kubeconfig(k8s.kubeconfig, namespace=k8s.namespace)
+        else:
+            access = in_cluster(os.environ)
+            if k8s.namespace is not None:
+                access = dataclasses.replace(access, namespace=k8s.namespace)
+        cluster = KubernetesTargets(
+            access,
+            pool=k8s.inference_pool or pool.name,
+            api_version=k8s.api_version,
+            on_change=functools.partial(sources.update, "kubernetes"),
+        )
+        tasks.append(asyncio.create_task(cluster.run(), name="kubernetes discovery"))
+        # Start with the pods the cluster has, not an empty pool, when the API answers soon.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FIRST_DISCOVERY):
+                await cluster.synced.wait()
+    return tasks
 
 
 class _Server(uvicorn.Server):

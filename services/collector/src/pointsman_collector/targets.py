@@ -97,3 +97,28 @@ class FileTargets:
             await asyncio.sleep(self._poll)
             if self.refresh():
                 self._on_change(self.endpoints)
+
+
+class Sources:
+    """The union of the endpoint lists of several sources (config, file, Kubernetes), in order.
+
+    Updates before :meth:`connect` are only stored, so the collector can start with a complete first
+    set; after it, every update is pushed at once.
+    """
+
+    def __init__(self) -> None:
+        self._lists: dict[str, tuple[str, ...]] = {}
+        self._apply: Callable[[tuple[str, ...]], None] | None = None
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e for endpoints in self._lists.values() for e in endpoints))
+
+    def update(self, source: str, endpoints: tuple[str, ...]) -> None:
+        self._lists[source] = endpoints
+        if self._apply is not None:
+            self._apply(self.endpoints)
+
+    def connect(self, apply: Callable[[tuple[str, ...]], None]) -> None:
+        self._apply = apply
+        apply(self.endpoints)
