@@ -26,11 +26,19 @@ def test_unreadable_config_exits_2(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_invalid_config_exits_2_and_names_the_path(tmp_path, capsys):
-    path = tmp_path / "bad.yaml"
-    path.write_text("picker:\n  maxBodyBytes: -1\n")
-    assert main(["--config", str(path)]) == 2
-    assert "picker.maxBodyBytes" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("picker:\n  maxBodyBytes: -1\n", "picker.maxBodyBytes"),
+        ("plugins:\n  - {type: magic}\n", "plugins[0].type"),
+        ("picker:\n  profile: nope\n", "picker.profile"),
+    ],
+)
+def test_invalid_config_exits_2_and_names_the_path(tmp_path, capsys, text, path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    assert main(["--config", str(config)]) == 2
+    assert path in capsys.readouterr().err
 
 
 def test_no_config_is_a_usage_error(monkeypatch):

@@ -12,7 +12,7 @@ from picker_builders import MODELS, NOW, config, pod, snapshot
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker.reload import ConfigWatcher
-from pointsman_picker.server import create_app
+from pointsman_picker.server import create_app, load_checked
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.config import PointsmanConfig, load_config
 
@@ -73,3 +73,15 @@ def test_the_app_routes_with_the_new_models_and_warns_about_restart_only_fields(
     assert app.director.route(b'{"model":"new-model"}').endpoint == "10.0.0.1:8000"
     assert app.servicer.settings.explain_header == "x-why"
     assert "picker.listen changed" in caplog.text
+
+
+def test_a_change_whose_profile_does_not_build_is_refused(tmp_path, caplog):
+    path = tmp_path / "pointsman.yaml"
+    write(path, {}, 1_000)
+    applied: list[PointsmanConfig] = []
+    watch = ConfigWatcher(path, load_checked, applied.append)
+    write(path, {"picker": {"profile": "missing"}}, 2_000)
+    with caplog.at_level(logging.ERROR, logger="pointsman_picker.reload"):
+        assert not watch.check()
+    assert applied == []
+    assert "picker.profile" in caplog.text

@@ -232,6 +232,33 @@ class PickerConfig(_Model):
     # A request carrying this header (any value) gets the scheduling path back in the same response
     # header. Off (null) by default: it tells clients about the pool.
     explain_header: str | None = Field(default=None, min_length=1)
+    # The scheduling profile requests go through (see `profiles`).
+    profile: str = Field(default="default", min_length=1)
+
+
+class PluginSpec(_Model):
+    """One scheduling plugin (a filter, a scorer or a picker); the picker knows the types and checks
+    ``parameters``. ``name`` defaults to ``type``: profiles refer to plugins by name."""
+
+    type: str = Field(min_length=1)
+    name: str | None = Field(default=None, min_length=1)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
+        return self.name or self.type
+
+
+class ProfilePlugin(_Model):
+    plugin_ref: str = Field(min_length=1)
+    weight: float = Field(default=1.0, ge=0)  # scorers only
+
+
+class ProfileSpec(_Model):
+    """Filters in order, then the weighted scorers, then one picker."""
+
+    name: str = Field(min_length=1)
+    plugins: tuple[ProfilePlugin, ...] = Field(min_length=1)
 
 
 class PointsmanConfig(_Model):
@@ -243,6 +270,10 @@ class PointsmanConfig(_Model):
     redis: RedisConfig = RedisConfig()
     collector: CollectorConfig = CollectorConfig()
     picker: PickerConfig = PickerConfig()
+    # Scheduling plugins and profiles; picker.profile names the one in use ("default", the #423 tree,
+    # and "scorer" are built in).
+    plugins: tuple[PluginSpec, ...] = ()
+    profiles: tuple[ProfileSpec, ...] = ()
 
     @field_validator("models")
     @classmethod

@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from pointsman_picker.server import serve
-from pointsman_shared.config import ConfigError, load_config
+from pointsman_picker.server import load_checked, serve
+from pointsman_shared.config import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config:
         parser.error("no config: pass --config FILE or set POINTSMAN_CONFIG")
     try:
-        config = load_config(args.config, environ=os.environ)
+        config = load_checked(Path(args.config))
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

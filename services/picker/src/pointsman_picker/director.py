@@ -19,12 +19,11 @@ from pointsman_picker.extproc.request import parse_body, with_model
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.resolution import ModelCatalog
 from pointsman_picker.scheduling import NoCapacity, Pods, Scheduler, SchedulingRequest
+from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.snapshots import SnapshotSource
 from pointsman_shared.config import FailureMode, PointsmanConfig
 from pointsman_shared.snapshot import PoolSnapshot, is_fresh
 
-# The #423 tree is the one scheduling profile so far; decisions are labelled with it.
-PROFILE = "default"
 # Timing every filter of every decision would cost more than the filters; one decision in this many is
 # timed for inference_extension_plugin_duration_seconds.
 PLUGIN_TIMING_EVERY = 16
@@ -71,7 +70,8 @@ class Director:
         """Use ``config``'s models, thresholds, freshness and failure mode from the next request on.
         Assignments still in flight keep counting."""
         self._catalog = ModelCatalog(config.models)
-        self._scheduler = Scheduler(config.scheduling, self._rng)
+        self._scheduler = Scheduler(config.scheduling, self._rng, profile=build_profile(config))
+        self.profile = self._scheduler.profile.name  # the label of decisions
         self._max_staleness = config.picker.max_staleness
         self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
@@ -88,7 +88,7 @@ class Director:
         if body is None:
             request = SchedulingRequest(target_model=None, critical=False)
             endpoint, result, now, path = self._pick(request, "", "", explain)
-            self._metrics.routed("", "", PROFILE, result)
+            self._metrics.routed("", "", self.profile, result)
             return Routing(endpoint, None, rewritten=False, assigned_at=now, explain=path)
         parsed = parse_body(body)
         resolution = self._catalog.resolve(parsed.model, self._rng)
@@ -98,7 +98,7 @@ class Director:
         final = with_model(parsed, resolution.target)
         request = SchedulingRequest(target_model=resolution.target, critical=resolution.critical)
         endpoint, result, now, path = self._pick(request, resolution.model, resolution.target, explain)
-        self._metrics.routed(resolution.model, resolution.target, PROFILE, result)
+        self._metrics.routed(resolution.model, resolution.target, self.profile, result)
         return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now, path)
 
     def release(self, routing: Routing) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import random
@@ -23,14 +22,16 @@ from envoy.service.ext_proc.v3 import external_processor_pb2, external_processor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from pointsman_picker.director import PROFILE, Director
+from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcServicer
 from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotCollector
 from pointsman_picker.reload import ConfigWatcher
+from pointsman_picker.scheduling.plugins import PluginError
+from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotSource
-from pointsman_shared.config import PointsmanConfig, load_config
+from pointsman_shared.config import ConfigError, PointsmanConfig, load_config
 from pointsman_shared.keys import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class PickerApp:
         log.info("config reloaded: %d models", len(config.models))
 
     def _record_error(self, error: PickerError) -> None:
-        self.metrics.failed(error.model, error.target, error.code, PROFILE, error.result)
+        self.metrics.failed(error.model, error.target, error.code, self.director.profile, error.result)
 
     async def start(self) -> None:
         picker = self.config.picker
@@ -143,6 +144,19 @@ class PickerApp:
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         await self.source.aclose()
+
+
+def checked(config: PointsmanConfig, source: str = "<config>") -> PointsmanConfig:
+    """``config``, once its plugins and profiles build; else :class:`ConfigError` naming the bad path."""
+    try:
+        build_profile(config)
+    except PluginError as exc:
+        raise ConfigError(source, [(exc.path, exc.message)]) from None
+    return config
+
+
+def load_checked(path: Path) -> PointsmanConfig:
+    return checked(load_config(path, environ=os.environ), str(path))
 
 
 def stream_settings(config: PointsmanConfig) -> StreamSettings:
@@ -200,8 +214,8 @@ async def serve(
         return 1
     watch: asyncio.Task[None] | None = None
     if config_path is not None:
-        load = functools.partial(load_config, environ=os.environ)
-        watch = asyncio.create_task(ConfigWatcher(config_path, load, app.reconfigure).run(), name="config")
+        watcher = ConfigWatcher(config_path, load_checked, app.reconfigure)
+        watch = asyncio.create_task(watcher.run(), name="config")
     await stopping.wait()
     log.info("signal received, shutting down")
     if watch is not None:

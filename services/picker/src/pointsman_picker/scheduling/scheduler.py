@@ -1,10 +1,12 @@
-"""Run the tree, then pick uniformly among what is left."""
+"""The scheduler the director calls: one profile (by default the #423 tree, then a uniform pick)."""
 
 from __future__ import annotations
 
 import random
 
-from pointsman_picker.scheduling.filters import Drop, Node, StepSink, run_tree
+from pointsman_picker.scheduling.filters import Node, StepSink
+from pointsman_picker.scheduling.plugins import random_picker
+from pointsman_picker.scheduling.profiles import DEFAULT, Profile
 from pointsman_picker.scheduling.tree import build_tree
 from pointsman_picker.scheduling.types import NoCapacity, Pods, SchedulingRequest
 from pointsman_shared.config import SchedulingConfig
@@ -12,16 +14,20 @@ from pointsman_shared.snapshot import PodSnapshot
 
 
 class Scheduler:
-    def __init__(self, config: SchedulingConfig, rng: random.Random, *, root: Node | None = None) -> None:
-        self._root = root if root is not None else build_tree(config)
+    def __init__(
+        self,
+        config: SchedulingConfig,
+        rng: random.Random,
+        *,
+        root: Node | None = None,
+        profile: Profile | None = None,
+    ) -> None:
+        if profile is None:
+            profile = Profile(DEFAULT, (root if root is not None else build_tree(config),), (), random_picker)
+        self.profile = profile
         self._rng = rng
 
     def schedule(
         self, request: SchedulingRequest, pods: Pods, on_step: StepSink | None = None
     ) -> PodSnapshot | NoCapacity:
-        result = run_tree(self._root, request, pods, self._rng, on_step)
-        if isinstance(result, Drop):
-            return NoCapacity(result.reason)
-        if not result:
-            return NoCapacity("no pod left after filtering")
-        return result[self._rng.randrange(len(result))]
+        return self.profile.schedule(request, pods, self._rng, on_step)

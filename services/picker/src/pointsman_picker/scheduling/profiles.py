@@ -1,0 +1,109 @@
+"""Scheduling profiles: filters in order, then weighted scorers (each clamped to [0, 1]), then a picker.
+
+Two are built in: ``default`` (the #423 tree, then a uniform pick, exactly as upstream at #423) and
+``scorer`` (queue, KV-cache and LoRA-affinity scorers, weight 1 each, then the highest score). A
+profile of the same name in the config replaces a built-in one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from pointsman_picker.scheduling.filters import Drop, Node, StepSink, run_tree
+from pointsman_picker.scheduling.plugins import (
+    Picker,
+    PluginError,
+    Scorer,
+    build_plugins,
+    kv_cache_scorer,
+    lora_affinity_scorer,
+    max_score_picker,
+    queue_scorer,
+    random_picker,
+)
+from pointsman_picker.scheduling.tree import build_tree
+from pointsman_picker.scheduling.types import NoCapacity, Pods, SchedulingRequest
+from pointsman_shared.config import PointsmanConfig
+from pointsman_shared.snapshot import PodSnapshot
+
+DEFAULT = "default"
+SCORER = "scorer"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    filters: tuple[Node, ...]
+    scorers: tuple[tuple[str, float, Scorer], ...]
+    picker: Picker
+
+    def schedule(
+        self, request: SchedulingRequest, pods: Pods, rng: random.Random, on_step: StepSink | None = None
+    ) -> PodSnapshot | NoCapacity:
+        for node in self.filters:
+            result = run_tree(node, request, pods, rng, on_step)
+            if isinstance(result, Drop):
+                return NoCapacity(result.reason)
+            if not result:
+                return NoCapacity(f"no pod left after {node.name}")
+            pods = result
+        scores: list[float] | None = None
+        if self.scorers:
+            scores = [0.0] * len(pods)
+            for _, weight, scorer in self.scorers:
+                for i, score in enumerate(scorer(request, pods)):
+                    scores[i] += weight * min(1.0, max(0.0, score))
+        return self.picker(pods, scores, rng)
+
+
+def builtin_profiles(config: PointsmanConfig) -> dict[str, Profile]:
+    scorers = (
+        ("queue-scorer", 1.0, queue_scorer),
+        ("kv-cache-scorer", 1.0, kv_cache_scorer),
+        ("lora-affinity-scorer", 1.0, lora_affinity_scorer),
+    )
+    return {
+        DEFAULT: Profile(DEFAULT, (build_tree(config.scheduling),), (), random_picker),
+        SCORER: Profile(SCORER, (), scorers, max_score_picker),
+    }
+
+
+def build_profile(config: PointsmanConfig) -> Profile:
+    """The profile ``picker.profile`` names; :class:`PluginError` names the bad config path."""
+    specs = [(p.ref, p.type, p.parameters) for p in config.plugins]
+    plugins = build_plugins(specs, config.scheduling)
+    profiles = builtin_profiles(config)
+    for i, spec in enumerate(config.profiles):
+        filters: list[Node] = []
+        scorers: list[tuple[str, float, Scorer]] = []
+        picker: Picker | None = None
+        for j, entry in enumerate(spec.plugins):
+            path = f"profiles[{i}].plugins[{j}].pluginRef"
+            plugin = plugins.get(entry.plugin_ref)
+            if plugin is None:
+                raise PluginError(path, f"no plugin named {entry.plugin_ref!r} in plugins")
+            if plugin.filter is not None:
+                if scorers or picker is not None:
+                    raise PluginError(path, "filters come before scorers and the picker")
+                filters.append(plugin.filter)
+            elif plugin.scorer is not None:
+                if picker is not None:
+                    raise PluginError(path, "scorers come before the picker")
+                scorers.append((plugin.name, entry.weight, plugin.scorer))
+            elif plugin.picker is not None:
+                if picker is not None:
+                    raise PluginError(path, "a profile has one picker")
+                picker = plugin.picker
+        profiles[spec.name] = Profile(
+            spec.name,
+            tuple(filters),
+            tuple(scorers),
+            picker or (max_score_picker if scorers else random_picker),
+        )
+    chosen = profiles.get(config.picker.profile)
+    if chosen is None:
+        raise PluginError(
+            "picker.profile", f"no profile {config.picker.profile!r} (have: {', '.join(profiles)})"
+        )
+    return chosen
