@@ -3,7 +3,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from pointsman_shared.codec import CODEC_VERSION, CodecError, decode_pool, encode_pool, pod_to_dict
+from pointsman_shared.codec import (
+    CODEC_VERSION,
+    CodecError,
+    decode_pool,
+    encode_pod,
+    encode_pool,
+    pod_to_dict,
+)
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
 
 
@@ -108,3 +115,8 @@ def test_a_codec_1_blob_still_decodes_with_every_field_read_at_its_update_time()
     (pod,) = decode_pool(blob, 3).pods
     assert (pod.waiting, pod.kv_cache_usage, pod.running_adapters) == (3, 0.5, {"a"})
     assert pod.field_times == FieldTimes(1764000000.0, 1764000000.0, 1764000000.0, 1764000000.0)
+
+
+def test_encode_pod_is_one_entry_of_the_pods_array() -> None:
+    # Sharing collectors assemble the array from these in Redis; it must be byte-for-byte the same.
+    assert [orjson.loads(encode_pod(p)) for p in POOL.pods] == orjson.loads(encode_pool(POOL))["pods"]

@@ -81,6 +81,10 @@ class PodServer:
         return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     @property
+    def open_connections(self) -> int:
+        return len(self._handlers)
+
+    @property
     def port(self) -> int:
         return int(self.address.rsplit(":", 1)[1])
 

@@ -53,6 +53,11 @@ def encode_pool(pool: PoolSnapshot) -> bytes:
     )
 
 
+def encode_pod(pod: PodSnapshot) -> bytes:
+    """One pod's object of the blob's ``pods`` array (sharing collectors assemble the array in Redis)."""
+    return orjson.dumps(_encode_pod(pod))
+
+
 def decode_pool(data: bytes, version: int) -> PoolSnapshot:
     try:
         doc = orjson.loads(data)

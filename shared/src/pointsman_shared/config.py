@@ -214,6 +214,10 @@ class CollectorConfig(_Model):
     staleness: PositiveSeconds = 2.0
     # Snapshot keys expire this long after the last publish, so readers can tell a dead collector.
     snapshot_ttl: PositiveSeconds = 10.0
+    # Several collector replicas share the pool: each scrapes the pods it owns among the live replicas
+    # (leases in Redis, renewed every leaseTtl/3), and the snapshot merges every replica's pods.
+    sharing: bool = False
+    lease_ttl: PositiveSeconds = 0.15
 
 
 class PickerConfig(_Model):

@@ -26,6 +26,16 @@ class RedisKeys:
         return f"{self._base}:seq"
 
     @property
+    def members(self) -> str:
+        """Sorted set of live collector replicas; each score is the member's lease expiry (Redis ms)."""
+        return f"{self._base}:members"
+
+    @property
+    def shards(self) -> str:
+        """Hash: each sharing replica's pods, from which the snapshot is assembled."""
+        return f"{self._base}:shards"
+
+    @property
     def channel(self) -> str:
         """Pub/sub channel; each message is the version just published."""
         return f"{self._base}:updates"

@@ -16,12 +16,14 @@ from collections.abc import Callable, Iterator, Sequence
 
 import uvicorn
 from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
 
 from pointsman_collector.app import create_app
 from pointsman_collector.errors import DiscoveryError
 from pointsman_collector.kubernetes import KubernetesTargets, from_kubeconfig, in_cluster
 from pointsman_collector.loop import Collector
-from pointsman_collector.sink import RedisSnapshotSink
+from pointsman_collector.sharing import Membership, ShardSink, Share
+from pointsman_collector.sink import RedisSnapshotSink, SnapshotSink, redis_client
 from pointsman_collector.targets import FileTargets, Sources
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
 from pointsman_shared.keys import RedisKeys
@@ -66,9 +68,15 @@ async def serve(config: PointsmanConfig) -> int:
         log.error("cannot listen on %s: %s", config.collector.listen, exc.strerror or exc)
         return 1
     registry = CollectorRegistry()
-    sink = RedisSnapshotSink.from_url(
-        config.redis.url, RedisKeys(config.pool.name), ttl=config.collector.snapshot_ttl
-    )
+    keys = RedisKeys(config.pool.name)
+    client = redis_client(config.redis.url)
+    # A replica's name in the pool's member set: unique per process, readable in logs.
+    me = f"{socket.gethostname()}-{os.getpid()}"
+    sink: SnapshotSink
+    if config.collector.sharing:
+        sink = ShardSink(client, keys, me=me, ttl=config.collector.snapshot_ttl)
+    else:
+        sink = RedisSnapshotSink(client, keys, ttl=config.collector.snapshot_ttl)
     collector = Collector.from_config(config, sink=sink, registry=registry)
     server = _Server(
         uvicorn.Config(
@@ -85,7 +93,7 @@ async def serve(config: PointsmanConfig) -> int:
     except DiscoveryError as exc:
         log.error("cannot discover pods: %s", exc.detail)
         sock.close()
-        await sink.aclose()
+        await client.aclose()
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,8 +107,20 @@ async def serve(config: PointsmanConfig) -> int:
         _redacted(config.redis.url),
         config.collector.listen,
     )
-    collector.start(sources.endpoints)
-    sources.connect(collector.set_targets)
+    if config.collector.sharing:
+        share = Share(me, collector.set_targets)
+        membership = Membership(
+            client, keys, me=me, lease=config.collector.lease_ttl, on_members=share.set_members
+        )
+        with contextlib.suppress(RedisError, OSError):
+            share.set_members(await membership.renew())  # start with this replica's share, not all pods
+        share.set_endpoints(sources.endpoints)
+        collector.start(share.owned)
+        sources.connect(share.set_endpoints)
+        discovery.append(asyncio.create_task(membership.run(), name="membership"))
+    else:
+        collector.start(sources.endpoints)
+        sources.connect(collector.set_targets)
     http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
     signalled = asyncio.create_task(stop.wait(), name="signal")
     try:
@@ -115,7 +135,7 @@ async def serve(config: PointsmanConfig) -> int:
         await collector.stop()
         server.should_exit = True
         (http_outcome,) = await asyncio.gather(http, return_exceptions=True)
-        await sink.aclose()
+        await client.aclose()
         sock.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

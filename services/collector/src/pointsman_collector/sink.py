@@ -49,28 +49,40 @@ class RedisSnapshotSink:
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, *, ttl: float) -> RedisSnapshotSink:
-        client = Redis.from_url(
-            url,
-            # A publish happens at least every second: a few quick retries ride out a blip without
-            # holding the publisher for long; a failed publish is retried on the publisher's next round.
-            retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=2),
-            socket_timeout=_SOCKET_TIMEOUT,
-            socket_connect_timeout=_SOCKET_TIMEOUT,
-            health_check_interval=30,
-        )
-        return cls(client, keys, ttl=ttl)
+        return cls(redis_client(url), keys, ttl=ttl)
+
+    @property
+    def client(self) -> Redis:
+        return self._client
 
     async def publish(self, pool: PoolSnapshot) -> int:
         blob = encode_pool(pool)
         try:
             version = await self._script(keys=self._keys, args=(blob, self._ttl_ms))
-        except RedisTimeoutError as exc:
-            raise PublishError("timeout", str(exc)) from None
-        except (RedisConnectionError, OSError) as exc:
-            raise PublishError("connection", str(exc)) from None
-        except RedisError as exc:
-            raise PublishError("server", str(exc)) from None
+        except (RedisError, OSError) as exc:
+            raise publish_error(exc) from None
         return int(version)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def redis_client(url: str) -> Redis:
+    return Redis.from_url(
+        url,
+        # A publish happens at least every second: a few quick retries ride out a blip without
+        # holding the publisher for long; a failed publish is retried on the publisher's next round.
+        retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=2),
+        socket_timeout=_SOCKET_TIMEOUT,
+        socket_connect_timeout=_SOCKET_TIMEOUT,
+        health_check_interval=30,
+    )
+
+
+def publish_error(exc: RedisError | OSError) -> PublishError:
+    """The :class:`PublishError` for a failed Redis call; its reason says whose fault it was."""
+    if isinstance(exc, RedisTimeoutError):
+        return PublishError("timeout", str(exc))
+    if isinstance(exc, RedisConnectionError | OSError):
+        return PublishError("connection", str(exc))
+    return PublishError("server", str(exc))

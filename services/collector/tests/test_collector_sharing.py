@@ -1,0 +1,158 @@
+"""Collector replicas sharing one pool: ownership, the merged snapshot, and 3 replicas with one killed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from pointsman_collector.sharing import ShardSink, Share, owner
+from pointsman_devstack.redis_server import free_port
+from pointsman_shared.codec import decode_pool
+from pointsman_shared.keys import RedisKeys
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+
+PODS = tuple(f"10.0.0.{i}:8000" for i in range(1, 61))
+
+
+def test_every_replica_computes_the_same_owner_and_the_split_is_even() -> None:
+    members = ["a", "b", "c"]
+    owners = [owner(pod, members) for pod in PODS]
+    assert owners == [owner(pod, reversed(members)) for pod in PODS]
+    assert min(Counter(owners).values()) >= 10  # 60 pods over 3: no replica starves
+    assert owner("x:1", []) is None
+
+
+def test_a_replica_leaving_moves_only_its_pods() -> None:
+    before = {pod: owner(pod, ["a", "b", "c"]) for pod in PODS}
+    after = {pod: owner(pod, ["a", "b"]) for pod in PODS}
+    assert all(after[pod] == before[pod] for pod in PODS if before[pod] != "c")
+
+
+def test_share_follows_endpoints_and_members() -> None:
+    applied: list[tuple[str, ...]] = []
+    share = Share("a", applied.append)
+    share.set_endpoints(PODS)
+    assert share.owned == PODS  # alone: everything
+    share.set_members(["a", "b"])
+    assert share.owned == tuple(p for p in PODS if owner(p, ["a", "b"]) == "a")
+    share.set_members(["b", "a"])  # same members: nothing to do
+    assert len(applied) == 2
+
+
+def pool_of(*pods: PodSnapshot) -> PoolSnapshot:
+    return PoolSnapshot(pool='p"1', version=0, published_at=1764000000.5, pods=pods)
+
+
+async def test_shards_merge_into_one_snapshot_and_a_dead_replicas_shard_is_dropped(redis_url: str) -> None:
+    keys = RedisKeys('p"1')
+    client = Redis.from_url(redis_url)
+    try:
+        await client.zadd(keys.members, {"a": 10**15, "b": 10**15})  # both leases far in the future
+        a = ShardSink(client, keys, me="a", ttl=5.0)
+        b = ShardSink(client, keys, me="b", ttl=5.0)
+        await a.publish(
+            pool_of(PodSnapshot("10.0.0.2:1", waiting=1, updated_at=5.0), PodSnapshot("10.0.0.1:1"))
+        )
+        # A pod handed over from a to b: b's newer reading wins.
+        version = await b.publish(pool_of(PodSnapshot("10.0.0.2:1", waiting=2, updated_at=6.0)))
+        data = await client.hget(keys.snapshot, "data")
+        snapshot = decode_pool(data, version)
+        assert snapshot.pool == 'p"1'
+        assert [(p.address, p.waiting) for p in snapshot.pods] == [("10.0.0.1:1", 0), ("10.0.0.2:1", 2)]
+
+        await client.zrem(keys.members, "a")  # a's lease is gone
+        version = await b.publish(pool_of(PodSnapshot("10.0.0.2:1", waiting=3, updated_at=7.0)))
+        snapshot = decode_pool(await client.hget(keys.snapshot, "data"), version)
+        assert [(p.address, p.waiting) for p in snapshot.pods] == [("10.0.0.2:1", 3)]
+        assert await client.hkeys(keys.shards) == [b"b"]
+    finally:
+        await client.aclose()
+
+
+# --- three replicas, one killed -------------------------------------------------------------------
+
+
+async def start_replica(config: Path) -> asyncio.subprocess.Process:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pointsman_collector", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path, redis_url: str, pod_server, fixture_page):  # type: ignore[no-untyped-def]
+    pods = [await pod_server(fixture_page("vllm-current-lora")) for _ in range(6)]
+    processes: list[asyncio.subprocess.Process] = []
+    for i in range(3):
+        config = tmp_path / f"collector-{i}.yaml"
+        endpoints = ", ".join(f"'{p.address}'" for p in pods)
+        config.write_text(
+            f"pool:\n  name: shared\n  endpoints: [{endpoints}]\nredis:\n  url: {redis_url}\n"
+            f"collector:\n  listen: 127.0.0.1:{free_port()}\n  sharing: true\n  leaseTtl: 300ms\n"
+        )
+        processes.append(await start_replica(config))
+    client = Redis.from_url(redis_url)
+    yield pods, processes, client
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    await client.aclose()
+
+
+async def wait_until(check) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(15):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_three_replicas_split_the_pool_and_the_survivors_take_over_a_killed_ones_pods(
+    replicas,
+) -> None:  # type: ignore[no-untyped-def]
+    pods, processes, client = replicas
+    keys = RedisKeys("shared")
+
+    async def members() -> int:
+        return int(await client.zcard(keys.members))
+
+    async def whole_pool_healthy() -> bool:
+        version, data = await client.hmget(keys.snapshot, ["version", "data"])
+        if data is None:
+            return False
+        snapshot = decode_pool(data, int(version))
+        return sorted(p.address for p in snapshot.pods if p.healthy) == sorted(p.address for p in pods)
+
+    async def one_scraper_per_pod() -> bool:
+        return all(p.open_connections == 1 for p in pods)
+
+    async def three() -> bool:
+        return await members() == 3
+
+    async def two() -> bool:
+        return await members() == 2
+
+    await wait_until(three)
+    await wait_until(whole_pool_healthy)
+    await wait_until(one_scraper_per_pod)  # each pod scraped by exactly one replica
+
+    processes[0].send_signal(signal.SIGKILL)  # no goodbye: its lease must run out
+    await processes[0].wait()
+    await wait_until(two)
+    before = [p.requests for p in pods]
+    await wait_until(one_scraper_per_pod)
+    await wait_until(whole_pool_healthy)
+
+    async def every_pod_scraped_again() -> bool:
+        return all(p.requests > seen + 2 for p, seen in zip(pods, before, strict=True))
+
+    await wait_until(every_pod_scraped_again)
