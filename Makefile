@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := shared services/collector services/picker services/simulator tools/devstack
 CONFIG ?= config/local.yaml
 
-.PHONY: help install run test test-unit test-integration lint fmt bench bench-collector clean up down sim-calibration
+.PHONY: help install run test test-unit test-integration lint fmt bench bench-collector bench-picker clean up down sim-calibration
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -51,6 +51,16 @@ bench: install ## run the benchmarks (results in bench/results/)
 bench-collector: install ## the collector's CPU, scrapes/s and metric age at 200 pods (bench/results/collector.json)
 	$(BIN)/python bench/collector.py
 
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: requirements/bench.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/bench.txt
+	$(BENCH_VENV)/bin/python -m pip check
+	touch $@
+
+bench-picker: install $(BENCH_VENV)/.installed ## picker behind Envoy vs Envoy alone vs vllm-router (bench/results/picker.json)
+	$(BIN)/python bench/picker.py
+
 sim-calibration: install ## the simulator's profiles against the published vLLM figures, check by check
 	$(BIN)/python -m pointsman_sim.calibration
 
@@ -62,4 +72,4 @@ down: ## docker compose: stop and remove the stack
 	docker compose down --remove-orphans
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .ruff_cache .pytest_cache

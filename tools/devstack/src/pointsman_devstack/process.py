@@ -57,6 +57,10 @@ class ManagedProcess:
         self._pump.start()
 
     @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
     def returncode(self) -> int | None:
         return self._popen.poll()
 
