@@ -243,14 +243,26 @@ def envoy_alone(stack: Stack, run_dir: Path) -> tuple[ManagedProcess, int]:
     return start_envoy(doc, "envoy-alone", admin, run_dir), gateway
 
 
-def vllm_router(stack: Stack, run_dir: Path) -> tuple[ManagedProcess, int] | None:
+def vllm_router(stack: Stack, run_dir: Path, policy: str) -> tuple[ManagedProcess, int] | None:
     if not ROUTER.is_file():
         return None
     port = free_port()
     urls = [f"http://{address}" for address in stack.pod_addresses]
-    argv = [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
-    argv += ["--prometheus-port", str(free_port())]
-    process = ManagedProcess("vllm-router", argv, env=dict(os.environ), log_path=run_dir / "vllm-router.log")
+    argv = [
+        str(ROUTER),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--worker-urls",
+        *urls,
+    ]
+    # Its default logs a line per request, which this script's output pump would pay for.
+    argv += ["--prometheus-port", str(free_port()), "--log-level", "warning"]
+    log_path = run_dir / f"vllm-router-{policy}.log"
+    process = ManagedProcess("vllm-router", argv, env=dict(os.environ), log_path=log_path)
     with httpx.Client(timeout=1.0) as client:
 
         def ready() -> str | None:
@@ -321,14 +333,20 @@ def main() -> int:
             "p99_ms": requests_only["p99_ms"],
             "errors": requests_only["errors"],
         }
-        router = vllm_router(stack, run_dir)
-        if router is not None:
+        # round_robin spreads like Envoy alone, so the difference is the router itself; its default,
+        # cache_aware, sends this benchmark's identical prompts to one pod (kept in the detail).
+        by_policy: dict[str, dict[str, Any]] = {}
+        for policy in ("round_robin", "cache_aware"):
+            router = vllm_router(stack, run_dir, policy)
+            if router is None:
+                by_policy[policy] = {"p50_ms": None, "p99_ms": None, "note": "run `make bench-picker`"}
+                continue
             try:
-                routed = run(lambda: fixed_rate(router[1], PLAIN, rate, seconds))
+                by_policy[policy] = run(lambda port=router[1]: fixed_rate(port, PLAIN, rate, seconds))
             finally:
                 router[0].stop(5)
-        else:
-            routed = {"p50_ms": None, "p99_ms": None, "note": "not installed: run `make bench-picker`"}
+        routed = by_policy["round_robin"]
+        detail["vllm_router_cache_aware"] = by_policy["cache_aware"]
     finally:
         stack.stop()
     two = start_stack(run_dir / "two", 2)
