@@ -28,3 +28,14 @@ def test_a_config_the_stack_cannot_run_exits_2_before_starting_anything(
     assert main(["--config", str(path), "--run-dir", str(run_dir)]) == 2
     assert message in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_no_picker_is_refused_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("pool: {endpoints: ['127.0.0.1:8001']}\nmodels: [{modelName: m}]\n", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    assert main(["--config", str(path), "--run-dir", str(run_dir), "--pickers", "0"]) == 2
+    assert "--pickers" in capsys.readouterr().err
+    assert not run_dir.exists()

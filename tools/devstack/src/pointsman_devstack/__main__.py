@@ -10,13 +10,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from pointsman_devstack import envoy
 from pointsman_devstack.envoy import EnvoyNotFound
 from pointsman_devstack.errors import StackError
-from pointsman_devstack.redis_server import RedisUnavailable
+from pointsman_devstack.redis_server import RedisUnavailable, free_port
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts, default_run_dir
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config
 
@@ -41,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-loras", type=int, default=2, help="adapter slots per pod")
     parser.add_argument("--max-num-seqs", type=int, help="running requests per pod (simulator default)")
     parser.add_argument("--speedup", type=float, help="simulated time runs this many times faster")
+    parser.add_argument(
+        "--pickers", type=int, default=1, help="picker replicas behind Envoy (more than one: free ports)"
+    )
     parser.add_argument("--no-docker", action="store_true", help="never start Redis in a container")
     parser.add_argument("--quiet", action="store_true", help="only the log files get the processes' output")
     return parser
@@ -58,7 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             speedup=args.speedup,
         )
+        if args.pickers < 1:
+            raise StackError("--pickers: at least one picker")
         ports = StackPorts.from_config(config, gateway=args.gateway_port, envoy_admin=args.admin_port)
+        # The first replica listens where the config says; the others on free ports.
+        more = tuple((free_port(), free_port(), free_port()) for _ in range(args.pickers - 1))
+        ports = replace(ports, more_pickers=more)
         options = StackOptions(
             config_path=args.config,
             run_dir=args.run_dir or default_run_dir(),
