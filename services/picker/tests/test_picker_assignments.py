@@ -5,6 +5,13 @@ from __future__ import annotations
 from picker_builders import NOW, pod
 
 from pointsman_picker.assignments import RecentAssignments
+from pointsman_picker.scheduling import Pods
+
+ONE = (pod(address="a"),)
+
+
+def index(pods: Pods) -> dict[str, int]:
+    return {p.address: i for i, p in enumerate(pods)}
 
 
 def test_unseen_assignments_add_to_waiting():
@@ -13,7 +20,7 @@ def test_unseen_assignments_add_to_waiting():
     recent.record("a", NOW + 0.02)
     recent.record("b", NOW - 1)  # before the last scrape of b: already in its numbers
     pods = (pod(1, address="a"), pod(0, address="b"), pod(4, address="c"))
-    assert [p.waiting for p in recent.adjust(pods, not_before=0)] == [3, 0, 4]
+    assert [p.waiting for p in recent.adjust(pods, index(pods), not_before=0)] == [3, 0, 4]
     assert recent.pending() == {"a": 2}
 
 
@@ -22,7 +29,7 @@ def test_a_later_scrape_drops_what_it_has_seen():
     recent.record("a", NOW + 0.01)
     recent.record("a", NOW + 0.03)
     later = (pod(5, address="a", updated_at=NOW + 0.02),)
-    assert [p.waiting for p in recent.adjust(later, not_before=0)] == [6]
+    assert [p.waiting for p in recent.adjust(later, index(later), not_before=0)] == [6]
     assert recent.pending() == {"a": 1}
 
 
@@ -30,20 +37,20 @@ def test_pods_gone_from_the_pool_are_forgotten():
     recent = RecentAssignments()
     recent.record("gone", NOW + 1)
     pods = (pod(address="a"),)
-    assert recent.adjust(pods, not_before=0) == pods
+    assert recent.adjust(pods, index(pods), not_before=0) == pods
     assert recent.pending() == {}
 
 
 def test_nothing_recorded_returns_the_same_pods():
     pods = (pod(address="a"),)
-    assert RecentAssignments().adjust(pods, not_before=0) is pods
+    assert RecentAssignments().adjust(pods, index(pods), not_before=0) is pods
 
 
 def test_assignments_older_than_the_horizon_are_dropped():
     recent = RecentAssignments()
     recent.record("a", NOW + 1)
     recent.record("a", NOW + 5)
-    assert [p.waiting for p in recent.adjust((pod(address="a"),), not_before=NOW + 2)] == [1]
+    assert [p.waiting for p in recent.adjust(ONE, index(ONE), not_before=NOW + 2)] == [1]
 
 
 def test_an_ended_request_no_longer_counts():
@@ -53,4 +60,4 @@ def test_an_ended_request_no_longer_counts():
     recent.release("a", NOW + 1)
     recent.release("a", NOW + 9)  # never recorded (or already seen by a scrape): nothing to do
     recent.release("b", NOW + 1)
-    assert [p.waiting for p in recent.adjust((pod(address="a"),), not_before=0)] == [1]
+    assert [p.waiting for p in recent.adjust(ONE, index(ONE), not_before=0)] == [1]

@@ -11,7 +11,7 @@ from picker_builders import NOW, config, pod, snapshot
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker import errors
-from pointsman_picker.director import PLUGIN_TIMING_EVERY, Director, usable_pods
+from pointsman_picker.director import PLUGIN_TIMING_EVERY, Director, UsablePods, usable_pods
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.snapshot import PoolSnapshot
@@ -195,3 +195,15 @@ def test_one_decision_in_sixteen_times_each_filter():
         d.route(BODY)
     labels = {"plugin_type": "filter", "plugin_name": "least queuing"}
     assert registry.get_sample_value("inference_extension_plugin_duration_seconds_count", labels) == 1
+
+
+def test_usable_pods_are_kept_until_a_pod_ages_or_the_snapshot_changes():
+    usable = UsablePods(2.0)
+    snap = snapshot(pod(address="old", updated_at=NOW - 1.5), pod(address="new", updated_at=NOW))
+    assert [p.address for p in usable.get(snap, NOW)[0]] == ["old", "new"]
+    assert usable.index == {"old": 0, "new": 1}
+    assert [p.address for p in usable.get(snap, NOW + 0.5)[0]] == ["old", "new"]  # "old" is 2.0 s old
+    assert [p.address for p in usable.get(snap, NOW + 0.6)[0]] == ["new"]
+    assert usable.index == {"new": 0}
+    renewed = snapshot(pod(address="old", updated_at=NOW + 0.6), version=2)
+    assert [p.address for p in usable.get(renewed, NOW + 0.6)[0]] == ["old"]

@@ -11,6 +11,7 @@ Pure: time comes in as arguments.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import replace
 
 from pointsman_picker.scheduling import Pods
@@ -40,30 +41,34 @@ class RecentAssignments:
         """Assignments per pod not yet seen by a scrape (as of the last :meth:`adjust`)."""
         return {address: len(times) for address, times in self._times.items()}
 
-    def adjust(self, pods: Pods, *, not_before: float) -> Pods:
+    def adjust(self, pods: Pods, index: Mapping[str, int], *, not_before: float) -> Pods:
         """``pods`` with each one's unseen assignments added to ``waiting``; forgets the seen ones, those
         older than ``not_before`` (a pod whose scrapes stopped must not collect them forever) and pods
-        no longer in ``pods``."""
+        no longer in ``pods``. ``index`` gives each pod's position in ``pods`` by address, so the cost
+        follows the pods with assignments, not the pool."""
         if not self._times:
             self._copies = {}
             return pods
         times_of, copies = self._times, self._copies
         self._times, self._copies = {}, {}
-        adjusted = list(pods)
-        for i, pod in enumerate(pods):
-            times = times_of.get(pod.address)
-            if times is None:
+        adjusted: list[PodSnapshot] | None = None
+        for address, times in times_of.items():
+            i = index.get(address)
+            if i is None:
                 continue
+            pod = pods[i]
             seen = max(pod.updated_at, not_before)
             while times and times[0] <= seen:
                 times.popleft()
             if not times:
                 continue
-            self._times[pod.address] = times
+            self._times[address] = times
             count = len(times)
-            copy = copies.get(pod.address)
+            copy = copies.get(address)
             if copy is None or copy[0] is not pod or copy[1] != count:
                 copy = (pod, count, replace(pod, waiting=pod.waiting + count))
-            self._copies[pod.address] = copy
+            self._copies[address] = copy
+            if adjusted is None:
+                adjusted = list(pods)
             adjusted[i] = copy[2]
-        return tuple(adjusted)
+        return pods if adjusted is None else tuple(adjusted)

@@ -7,6 +7,7 @@ No gRPC here: the ext_proc stream calls :meth:`Director.route` once per request 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -48,6 +49,29 @@ def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pod
     return (fresh, False) if fresh else (snapshot.pods, True)
 
 
+class UsablePods:
+    """:func:`usable_pods` of the current snapshot, kept until the snapshot changes or the first of its
+    fresh pods ages past ``max_age`` (a 512-pod pool costs a pass per request otherwise), with each
+    pod's position by address."""
+
+    def __init__(self, max_age: float) -> None:
+        self._max_age = max_age
+        self._snapshot: PoolSnapshot | None = None
+        self._until = 0.0
+        self._pods: Pods = ()
+        self._stale = True
+        self.index: dict[str, int] = {}
+
+    def get(self, snapshot: PoolSnapshot, now: float) -> tuple[Pods, bool]:
+        if snapshot is not self._snapshot or now > self._until:
+            pods, stale = usable_pods(snapshot, now, self._max_age)
+            self._snapshot, self._pods, self._stale = snapshot, pods, stale
+            # Stale pods turn fresh only with a new snapshot; fresh ones turn stale one by one.
+            self._until = math.inf if stale else min(p.updated_at for p in pods) + self._max_age
+            self.index = {pod.address: i for i, pod in enumerate(pods)}
+        return self._pods, self._stale
+
+
 class Director:
     def __init__(
         self,
@@ -73,6 +97,7 @@ class Director:
         self._scheduler = Scheduler(config.scheduling, self._rng, profile=build_profile(config))
         self.profile = self._scheduler.profile.name  # the label of decisions
         self._max_staleness = config.picker.max_staleness
+        self._usable = UsablePods(self._max_staleness)
         self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
         if not config.picker.count_assignments:
@@ -115,7 +140,7 @@ class Director:
         now = self._clock()
         if snapshot is not None and now - snapshot.published_at > self._max_staleness:
             snapshot = None  # the collector (or Redis) has gone quiet: the failure mode decides
-        pods, stale = usable_pods(snapshot, now, self._max_staleness) if snapshot else ((), True)
+        pods, stale = self._usable.get(snapshot, now) if snapshot else ((), True)
         if not pods:
             if self._fail_open and self._endpoints:
                 endpoint = self._endpoints[self._rng.randrange(len(self._endpoints))]
@@ -128,7 +153,7 @@ class Director:
         start = time.perf_counter()
         recent = 0
         if self._assignments is not None:
-            pods = self._assignments.adjust(pods, not_before=now - self._max_staleness)
+            pods = self._assignments.adjust(pods, self._usable.index, not_before=now - self._max_staleness)
             if explain:
                 recent = sum(self._assignments.pending().values())
         outcome = self._scheduler.schedule(request, pods, trace)
