@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import functools
 import itertools
 import json
@@ -50,6 +51,7 @@ PAGE_NAMES = ("vllm-current-lora", "vllm-data-parallel", "vllm-idle-newest-empty
 POOL = "bench-pool"
 TICK = 0.2  # how often every pod's waiting queue changes
 WARMUP = 2.0
+BOUND = 120.0  # seconds the whole benchmark may take
 LATE = 1.5  # a gap between two scrapes of one pod longer than this many intervals is a late round
 _WAITING = re.compile(rb"^(vllm:num_requests_waiting(?:\{[^\n]*\})?) [^\n]*$", re.MULTILINE)
 
@@ -264,6 +266,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each phase")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    # A bounded run: if anything hangs, print every thread's stack and exit instead of waiting forever.
+    faulthandler.dump_traceback_later(BOUND, exit=True)
 
     environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     redis = start_redis(environ, allow_docker=False)
@@ -309,6 +313,8 @@ def main() -> int:
         "paced_scrape_errors": paced["errors"],
         "max_scrapes_per_s": round(flat["scrapes_per_s"]),
         "flat_out_cpu_us_per_scrape": round(flat["cpu_us_per_scrape"], 1),
+        # What one whole core would do: the machine is shared, so wall-clock throughput varies.
+        "flat_out_scrapes_per_cpu_s": round(1e6 / flat["cpu_us_per_scrape"]),
         "flat_out_scrape_errors": flat["errors"],
         "metric_age_samples": len(ages),
         "metric_age_p50_ms": round(statistics.median(ages), 1) if ages else None,

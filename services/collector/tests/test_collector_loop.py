@@ -230,3 +230,23 @@ async def test_an_empty_pool_is_published_at_once(harness) -> None:
     h.collector.start([])
     first = await h.published(lambda pods: True)
     assert first.pods == ()
+
+
+async def test_stop_ends_a_pod_loop_whose_scrape_turned_the_cancel_into_a_timeout(harness) -> None:
+    # What Python 3.11's asyncio.timeout can do when stop()'s cancel lands as the timeout expires.
+    class Swallowing(FakeScraper):
+        async def scrape(self) -> PageMetrics:
+            self.calls += 1
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise ScrapeTimeout("cancelled as the deadline passed") from None
+            raise AssertionError("unreachable")
+
+    h = harness()
+    h.kind = Swallowing
+    h.collector.start(["a"])
+    await eventually(lambda: "a" in h.scrapers and h.scrapers["a"].calls > 0)
+    async with asyncio.timeout(3.0):  # a guard against the hang, not a speed goal
+        await h.collector.stop()
+    assert h.scrapers["a"].closed
