@@ -56,15 +56,19 @@ def read_family(text: str, name: str) -> list[Sample]:
     after them: the rest of the page is never scanned for a name that was found.
     """
     size = len(name)
-    start = 0
-    while True:
-        i = text.find(name, start)
-        if i < 0:
+    # Only a sample line of exactly this name counts: not "# HELP name" (searching for the name at a
+    # line start skips comments at C speed), not "name_total".
+    line_start = "\n" + name
+    if text.startswith(name):
+        i = 0
+    else:
+        i = text.find(line_start) + 1
+        if i == 0:
             return []
-        # Only a sample line of exactly this name counts: not "# HELP name", not "name_total".
-        if (i == 0 or text[i - 1] == "\n") and text[i + size : i + size + 1] in _AFTER_NAME:
-            break
-        start = i + size
+    while text[i + size : i + size + 1] not in _AFTER_NAME:
+        i = text.find(line_start, i + size) + 1
+        if i == 0:
+            return []
     samples: list[Sample] = []
     while True:
         end = text.find("\n", i)
@@ -94,4 +98,4 @@ def _unescape(value: str) -> str:
 
 
 def is_finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
+    return math.isfinite(value)
