@@ -276,10 +276,14 @@ async def test_ready_pods_join_and_leave_as_they_change(follow) -> None:
     await api.watched()
     api.put_pod(pod("b", "10.0.0.2"))  # turned Ready
     await seen.until(("10.0.0.1:8000", "10.0.0.2:8000"))
+    api.put_pod(pod("b", "10.0.0.2", ready=False))
+    await seen.until(("10.0.0.1:8000",))
+    api.put_pod(pod("b", "10.0.0.2"))
+    await seen.until(("10.0.0.1:8000", "10.0.0.2:8000"))
     api.put_pod(pod("c", None), "ADDED")  # scheduled, no IP yet
     api.delete_pod("a")
     await seen.until(("10.0.0.2:8000",))
-    api.put_pod(pod("b", "10.0.0.2", ready=False))
+    api.put_pod(pod("b", "10.0.0.2", labels={"app": "elsewhere"}))  # relabelled: no longer in the pool
     await seen.until(())
 
 

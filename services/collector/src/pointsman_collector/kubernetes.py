@@ -93,19 +93,31 @@ def ready_ip(pod: Mapping[str, Any]) -> str | None:
 
 
 class PodTable:
-    """The Ready pods seen so far, by name, from a list and the watch events after it."""
+    """The Ready pods seen so far, by name, from a list and the watch events after it.
 
-    def __init__(self) -> None:
+    A pod whose labels stop matching the selector leaves, whether the API server says so with a
+    DELETED event (as a label-selector watch does) or sends the modified pod.
+    """
+
+    def __init__(self, selector: tuple[tuple[str, str], ...] = ()) -> None:
+        self._selector = selector
         self._ips: dict[str, str] = {}
 
-    def reset(self, pods: list[Mapping[str, Any]]) -> None:
+    def reset(
+        self, pods: list[Mapping[str, Any]], selector: tuple[tuple[str, str], ...] | None = None
+    ) -> None:
+        if selector is not None:
+            self._selector = selector
         self._ips.clear()
         for pod in pods:
             self.apply("ADDED", pod)
 
     def apply(self, kind: str, pod: Mapping[str, Any]) -> None:
-        name = str((pod.get("metadata") or {}).get("name", ""))
-        ip = None if kind == "DELETED" else ready_ip(pod)
+        metadata = pod.get("metadata") or {}
+        name = str(metadata.get("name", ""))
+        labels = metadata.get("labels") or {}
+        matches = all(labels.get(key) == value for key, value in self._selector)
+        ip = None if kind == "DELETED" or not matches else ready_ip(pod)
         if ip is None:
             self._ips.pop(name, None)
         else:
@@ -325,7 +337,7 @@ class KubernetesTargets:
         params = {"labelSelector": spec.label_selector}
         while True:
             listed = await self._get(client, self._pods_path, params)
-            self._table.reset(listed.get("items") or [])
+            self._table.reset(listed.get("items") or [], spec.selector)
             self._emit(spec)
             self.synced.set()
             version = listed["metadata"]["resourceVersion"]
