@@ -105,6 +105,7 @@ def _problems(doc: dict[str, Any], environ: dict[str, str] | None = None) -> lis
         ({"redis": {"url": "http://x"}}, "redis.url", "redis://"),
         ({"collector": {"interval": "fast"}}, "collector.interval", "not a duration"),
         ({"collector": {"interval": "0ms"}}, "collector.interval", "greater than 0"),
+        ({"collector": {"maxFailures": 0}}, "collector.maxFailures", "greater than or equal to 1"),
         ({"picker": {"listen": "nohost"}}, "picker.listen", "no port"),
         ({"pool": {"nme": "typo"}}, "pool.nme", "not permitted"),
         ({"pool": {"kubernetes": {"apiVersion": "v9"}}}, "pool.kubernetes.apiVersion", "v1alpha2"),

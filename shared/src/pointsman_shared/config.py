@@ -212,6 +212,8 @@ class CollectorConfig(_Model):
     model_server: Literal["vllm", "sglang"] = "vllm"
     # A pod with no good scrape for this long is published unhealthy.
     staleness: PositiveSeconds = 2.0
+    # A pod is published unhealthy after this many failed scrapes in a row.
+    max_failures: int = Field(default=3, ge=1)
     # Snapshot keys expire this long after the last publish, so readers can tell a dead collector.
     snapshot_ttl: PositiveSeconds = 10.0
     # Several collector replicas share the pool: each scrapes the pods it owns among the live replicas

@@ -154,7 +154,7 @@ class Collector:
             interval=settings.interval,
             # A first scrape starts within one interval and ends within the timeout.
             first_round_timeout=settings.timeout + 2 * settings.interval,
-            policy=HealthPolicy(staleness=settings.staleness),
+            policy=HealthPolicy(max_failures=settings.max_failures, staleness=settings.staleness),
         )
 
     @property
