@@ -126,6 +126,10 @@ class FakeApi:
         self.pool = self._stamp(obj)
         self._send("pools", {"type": "ADDED", "object": self.pool})
 
+    def send_raw(self, resource: str, event: dict[str, Any]) -> None:
+        """Any event, even one no API server sends."""
+        self._send(resource, event)
+
     def expire(self, resource: str) -> None:
         """The watch's resourceVersion is too old: an ERROR event, as the API server sends for 410."""
         status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410}
@@ -309,6 +313,16 @@ async def test_an_expired_watch_relists(follow) -> None:
     api.expire("pods")
     await seen.until(("10.0.0.1:8000", "10.0.0.2:8000"))
     assert sum("watch" not in q for p, q, _ in api.requests if p.endswith("/pods")) == lists + 1
+
+
+async def test_an_odd_event_restarts_from_a_fresh_list(follow) -> None:
+    api, seen = await follow(recorded("inferencepool-v1alpha2"), [pod("a", "10.0.0.1")])
+    await seen.until(("10.0.0.1:8000",))
+    await api.watched()
+    api.send_raw("pods", {"type": "MODIFIED", "object": ["not", "a", "pod"]})
+    api.pods["b"] = pod("b", "10.0.0.2")  # listed on the restart
+    api.pods["b"]["metadata"]["resourceVersion"] = "1"
+    await seen.until(("10.0.0.1:8000", "10.0.0.2:8000"))
 
 
 async def test_v1_pools_have_several_target_ports(follow) -> None:

@@ -279,13 +279,15 @@ class KubernetesTargets:
             while True:
                 try:
                     await self._session(client)
-                except (DiscoveryError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                except Exception as exc:  # an API failure, an odd object, or a bug: never stop for good
                     message = f"{type(exc).__name__}: {exc}"
                     if message != last_error:
+                        expected = isinstance(exc, DiscoveryError | httpx.HTTPError | ValueError | KeyError)
                         log.warning(
                             "kubernetes discovery: %s; retrying (keeping %d pods)",
                             message,
                             len(self.endpoints),
+                            exc_info=None if expected else exc,
                         )
                     last_error = message
                     await asyncio.sleep(delay)
