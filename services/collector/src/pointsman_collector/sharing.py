@@ -113,9 +113,10 @@ class Membership:
             while True:
                 try:
                     members = await self.renew()
-                except (RedisError, OSError) as exc:
+                except Exception as exc:  # Redis down, or a bug: keep trying, the lease is the truth
                     if not failing:
-                        log.warning("cannot renew the collector lease: %s", exc)
+                        bug = None if isinstance(exc, RedisError | OSError) else exc
+                        log.warning("cannot renew the collector lease: %s", exc, exc_info=bug)
                     failing = True
                 else:
                     failing = False
