@@ -25,6 +25,7 @@ from pointsman_collector.loop import Collector
 from pointsman_collector.sharing import Membership, ShardSink, Share
 from pointsman_collector.sink import RedisSnapshotSink, SnapshotSink, redis_client
 from pointsman_collector.targets import FileTargets, Sources
+from pointsman_shared.aio import wait_event
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
 from pointsman_shared.keys import RedisKeys
 
@@ -177,9 +178,7 @@ async def _start_discovery(config: PointsmanConfig, sources: Sources) -> list[as
         )
         tasks.append(asyncio.create_task(cluster.run(), name="kubernetes discovery"))
         # Start with the pods the cluster has, not an empty pool, when the API answers soon.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(FIRST_DISCOVERY):
-                await cluster.synced.wait()
+        await wait_event(cluster.synced, FIRST_DISCOVERY)
     return tasks
 
 

@@ -20,6 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from pointsman_shared.aio import wait_event
 from pointsman_shared.codec import CodecError, decode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
@@ -184,10 +185,7 @@ class RedisSnapshotSource:
                     log.info("snapshot reads from Redis work again after %d failures", failures)
                 failures = 0
                 wait = self._poll_interval
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation (gh-86296).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._wake.wait()
+            await wait_event(self._wake, wait)
 
     async def _subscribe_loop(self) -> None:
         assert self._client is not None
