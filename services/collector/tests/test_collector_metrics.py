@@ -6,7 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pointsman_collector.errors import PUBLISH_REASONS, SCRAPE_REASONS
-from pointsman_collector.metrics import CollectorMetrics
+from pointsman_collector.metrics import CollectorMetrics, ShareCollector
+from pointsman_collector.sharing import Share, owner
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
 
@@ -93,3 +94,27 @@ def test_collector_series_are_exposed(setup) -> None:
     assert value(registry, "pointsman_collector_scrape_errors_total", reason="timeout") == 1
     assert value(registry, "pointsman_collector_publish_duration_seconds_count") == 1
     assert value(registry, "pointsman_collector_snapshot_version") == 42
+
+
+PODS = tuple(f"10.0.0.{i}:1" for i in range(40))
+
+
+@pytest.mark.parametrize(
+    ("members", "owned", "replicas"),
+    [
+        (["me"], len(PODS), 1),  # alone (or sharing off): every pod
+        (["me", "other"], sum(owner(p, ["me", "other"]) == "me" for p in PODS), 2),
+        (["other", "third"], sum(owner(p, ["me", "other", "third"]) == "me" for p in PODS), 3),
+    ],
+)
+def test_share_gauges_read_the_replica_s_current_share(members: list[str], owned: int, replicas: int) -> None:
+    registry = CollectorRegistry()
+    share = Share("me", lambda _owned: None)
+    registry.register(
+        ShareCollector("p", owned=lambda: len(share.owned), replicas=lambda: len(share.members))
+    )
+    share.set_endpoints(PODS)
+    share.set_members(members)  # a replica always counts itself
+    assert 0 < owned <= len(PODS)
+    assert value(registry, "pointsman_collector_owned_pods", pool="p") == owned
+    assert value(registry, "pointsman_collector_live_replicas", pool="p") == replicas

@@ -9,7 +9,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from pointsman_collector.sharing import ShardSink, Share, owner
@@ -91,16 +93,19 @@ async def start_replica(config: Path) -> asyncio.subprocess.Process:
 async def replicas(tmp_path: Path, redis_url: str, pod_server, fixture_page):  # type: ignore[no-untyped-def]
     pods = [await pod_server(fixture_page("vllm-current-lora")) for _ in range(6)]
     processes: list[asyncio.subprocess.Process] = []
+    urls: list[str] = []
     for i in range(3):
         config = tmp_path / f"collector-{i}.yaml"
         endpoints = ", ".join(f"'{p.address}'" for p in pods)
+        urls.append(f"http://127.0.0.1:{free_port()}")
         config.write_text(
             f"pool:\n  name: shared\n  endpoints: [{endpoints}]\nredis:\n  url: {redis_url}\n"
-            f"collector:\n  listen: 127.0.0.1:{free_port()}\n  sharing: true\n  leaseTtl: 300ms\n"
+            f"collector:\n  listen: {urls[-1].removeprefix('http://')}\n  sharing: true\n"
+            "  leaseTtl: 300ms\n"
         )
         processes.append(await start_replica(config))
     client = Redis.from_url(redis_url)
-    yield pods, processes, client
+    yield pods, processes, urls, client
     for process in processes:
         if process.returncode is None:
             process.kill()
@@ -119,7 +124,7 @@ async def wait_until(check) -> None:  # type: ignore[no-untyped-def]
 async def test_three_replicas_split_the_pool_and_the_survivors_take_over_a_killed_ones_pods(
     replicas,
 ) -> None:  # type: ignore[no-untyped-def]
-    pods, processes, client = replicas
+    pods, processes, urls, client = replicas
     keys = RedisKeys("shared")
 
     async def members() -> int:
@@ -156,3 +161,17 @@ async def test_three_replicas_split_the_pool_and_the_survivors_take_over_a_kille
         return all(p.requests > seen + 2 for p, seen in zip(pods, before, strict=True))
 
     await wait_until(every_pod_scraped_again)
+
+    async def survivors_report_their_shares() -> bool:
+        # Each survivor's /metrics: two live replicas, and their owned pods add up to the pool.
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            pages = [(await http.get(f"{url}/metrics")).text for url in urls[1:]]
+        gauges = [
+            {m.name: m.samples[0].value for m in text_string_to_metric_families(page) if m.samples}
+            for page in pages
+        ]
+        return all(g["pointsman_collector_live_replicas"] == 2 for g in gauges) and sum(
+            g["pointsman_collector_owned_pods"] for g in gauges
+        ) == len(pods)
+
+    await wait_until(survivors_report_their_shares)

@@ -22,6 +22,7 @@ from pointsman_collector.app import create_app
 from pointsman_collector.errors import DiscoveryError
 from pointsman_collector.kubernetes import KubernetesTargets, from_kubeconfig, in_cluster
 from pointsman_collector.loop import Collector
+from pointsman_collector.metrics import ShareCollector
 from pointsman_collector.sharing import Membership, ShardSink, Share
 from pointsman_collector.sink import RedisSnapshotSink, SnapshotSink, redis_client
 from pointsman_collector.targets import FileTargets, Sources
@@ -119,9 +120,17 @@ async def serve(config: PointsmanConfig) -> int:
         collector.start(share.owned)
         sources.connect(share.set_endpoints)
         discovery.append(asyncio.create_task(membership.run(), name="membership"))
+        registry.register(
+            ShareCollector(
+                config.pool.name, owned=lambda: len(share.owned), replicas=lambda: len(share.members)
+            )
+        )
     else:
         collector.start(sources.endpoints)
         sources.connect(collector.set_targets)
+        registry.register(
+            ShareCollector(config.pool.name, owned=lambda: len(sources.endpoints), replicas=lambda: 1)
+        )
     http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
     signalled = asyncio.create_task(stop.wait(), name="signal")
     try:

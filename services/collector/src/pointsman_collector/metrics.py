@@ -146,3 +146,29 @@ class PoolCollector(Collector):
             )
             avg_queue.add_metric(name, sum(pod.waiting for pod in ready) / len(ready))
             yield from (avg_kv, avg_queue)
+
+
+class ShareCollector(Collector):
+    """This replica's part of the pool, read at scrape time: the pods it scrapes and the replicas holding
+    a lease (with ``collector.sharing`` off, every pod and 1)."""
+
+    def __init__(self, pool: str, *, owned: Callable[[], int], replicas: Callable[[], int]) -> None:
+        self._pool = pool
+        self._owned = owned
+        self._replicas = replicas
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return self.collect()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        owned = GaugeMetricFamily(
+            "pointsman_collector_owned_pods", "Pods of the pool this replica scrapes.", labels=["pool"]
+        )
+        owned.add_metric([self._pool], self._owned())
+        replicas = GaugeMetricFamily(
+            "pointsman_collector_live_replicas",
+            "Collector replicas sharing the pool (holding a lease), as this replica last saw them.",
+            labels=["pool"],
+        )
+        replicas.add_metric([self._pool], self._replicas())
+        yield from (owned, replicas)

@@ -52,6 +52,11 @@ class Share:
         self._members: tuple[str, ...] = (me,)
         self.owned: tuple[str, ...] = ()
 
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The live replicas as this one last saw them, itself included."""
+        return self._members
+
     def set_endpoints(self, endpoints: tuple[str, ...]) -> None:
         self._endpoints = endpoints
         self._update()
