@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from decision_cost import bench_director, bench_schedule
 
 from pointsman_devstack import envoy
+from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import ManagedProcess
 from pointsman_devstack.readiness import http_ok, wait_ready
-from pointsman_devstack.redis_server import free_port
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts
 from pointsman_shared.config import load_config
 

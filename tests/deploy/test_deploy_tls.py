@@ -15,9 +15,9 @@ import yaml
 from deploy_kit import REPO, make_picker_tls
 
 from pointsman_devstack import deploy, envoy
+from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import ManagedProcess
 from pointsman_devstack.readiness import Probe, wait_ready
-from pointsman_devstack.redis_server import free_port
 from pointsman_devstack.stack import Stack
 
 SIDECAR = REPO / "deploy/k8s/base/picker-tls-proxy.yaml"

@@ -13,9 +13,9 @@ from integration_kit import POD_HEADER, Pool, completion
 from prometheus_client.parser import text_string_to_metric_families
 
 from pointsman_devstack import envoy
+from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import ManagedProcess
 from pointsman_devstack.readiness import http_ok, wait_ready
-from pointsman_devstack.redis_server import free_port
 from pointsman_devstack.stack import LOOPBACK, Stack
 from pointsman_shared.config import join_host_port
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from pointsman_collector.__main__ import main
-from pointsman_devstack.redis_server import free_port
+from pointsman_devstack.ports import free_port
 
 
 def write_config(tmp_path: Path, text: str) -> Path:

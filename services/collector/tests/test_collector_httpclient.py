@@ -6,7 +6,7 @@ import pytest
 
 from pointsman_collector.errors import FetchError
 from pointsman_collector.httpclient import HttpClient
-from pointsman_devstack.redis_server import free_port
+from pointsman_devstack.ports import free_port
 
 PAGE = b"vllm:num_requests_waiting 3\n" * 100  # 2.8 KB
 

@@ -32,7 +32,7 @@ from pointsman_collector.kubernetes import (
     pool_spec,
     ready_ip,
 )
-from pointsman_devstack.redis_server import free_port
+from pointsman_devstack.ports import free_port
 
 DATA = Path(__file__).parent / "data" / "kubernetes"
 ALPHA2 = "inference.networking.x-k8s.io/v1alpha2"

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from pointsman_collector.sharing import ShardSink, Share, owner
-from pointsman_devstack.redis_server import free_port
+from pointsman_devstack.ports import free_port
 from pointsman_shared.codec import decode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot

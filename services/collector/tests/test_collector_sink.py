@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from pointsman_collector.errors import PublishError
 from pointsman_collector.sink import RedisSnapshotSink
-from pointsman_devstack.redis_server import free_port
+from pointsman_devstack.ports import free_port
 from pointsman_shared.codec import decode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot

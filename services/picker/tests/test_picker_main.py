@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -15,6 +14,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from picker_builders import pod, snapshot
 
+from pointsman_devstack.ports import free_port
 from pointsman_picker.__main__ import main
 from pointsman_picker.server import EXT_PROC_SERVICE
 from pointsman_shared.codec import encode_pool
@@ -46,12 +46,6 @@ def test_no_config_is_a_usage_error(monkeypatch):
     with pytest.raises(SystemExit) as caught:
         main([])
     assert caught.value.code == 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def health_status(port: int, service: str = "") -> int | None:

@@ -17,7 +17,8 @@ from typing import TextIO
 from pointsman_devstack import envoy
 from pointsman_devstack.envoy import EnvoyNotFound
 from pointsman_devstack.errors import StackError
-from pointsman_devstack.redis_server import RedisUnavailable, free_port
+from pointsman_devstack.ports import free_port
+from pointsman_devstack.redis_server import RedisUnavailable
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts, default_run_dir
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config
 

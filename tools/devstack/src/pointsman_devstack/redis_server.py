@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pointsman_devstack.ports import free_port
+
 
 class RedisUnavailable(RuntimeError):
     """No Redis could be found or started."""
@@ -120,12 +122,6 @@ def wait_for_ping(port: int, process: subprocess.Popen[bytes] | None = None, tim
                 return
         time.sleep(0.02)
     raise RedisUnavailable(f"redis-server on port {port} did not answer PING within {timeout}s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _docker_answers() -> bool:

@@ -24,9 +24,10 @@ import yaml
 
 from pointsman_devstack import envoy
 from pointsman_devstack.errors import StackError
+from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import Echo, ManagedProcess
 from pointsman_devstack.readiness import all_ready, grpc_serving, http_ok, wait_ready
-from pointsman_devstack.redis_server import RedisServer, free_port, start_redis
+from pointsman_devstack.redis_server import RedisServer, start_redis
 from pointsman_shared.config import PointsmanConfig, join_host_port, load_config, split_host_port
 
 LOOPBACK = "127.0.0.1"
