@@ -1,16 +1,20 @@
 """deploy/k8s: every overlay builds with `kubectl kustomize`, every object validates against the Kubernetes
 schemas (kubernetes-validate, offline) or our CRDs' schemas, and the pieces agree with each other: the
-Pointsman config parses and names the pods the overlay runs, the InferenceModels are the config's models,
-the gateway objects point at the picker Service and the pool."""
+Pointsman config parses and discovers the InferencePool whose selector matches the overlay's pods, the
+collector's Role and the NetworkPolicies allow what its discovery does, the InferenceModels are the
+config's models, the gateway objects point at the picker Service and the pool."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
-import ipaddress
+import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -18,6 +22,7 @@ import pytest
 import yaml
 from deploy_kit import REPO
 
+from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
 from pointsman_devstack.stack import served_models
 from pointsman_shared.config import PointsmanConfig, load_config, parse_config
 
@@ -132,29 +137,227 @@ def test_the_pointsman_config_parses_and_matches_the_inference_models(target: st
     assert {m["spec"]["poolRef"]["name"] for m in _find(objects, "InferenceModel")} == {config.pool.name}
 
 
+@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in POOL_OVERLAYS]])
+def test_the_collectors_discover_the_inference_pool_and_share_it(target: str) -> None:
+    objects = _objects(target)
+    config = _pointsman_config(objects)
+    discovery = config.pool.kubernetes
+    assert discovery is not None
+    # No address in the config: the pods come and go with the cluster.
+    assert (config.pool.endpoints, config.pool.endpoints_file) == ((), None)
+    pool = _one(objects, "InferencePool", discovery.inference_pool or config.pool.name)
+    assert pool["apiVersion"] == discovery.api_version
+    # The service account's namespace, where the Role lets it look and where the pool is.
+    assert discovery.namespace in (None, pool["metadata"]["namespace"])
+    assert config.collector.sharing is True
+    assert _one(objects, "Deployment", "pointsman-collector")["spec"]["replicas"] >= 2
+
+
 @pytest.mark.parametrize("overlay", POOL_OVERLAYS)
-def test_the_pool_is_the_overlay_s_model_server_services(overlay: str) -> None:
+def test_the_pool_selects_the_overlay_s_model_servers_on_their_port(overlay: str) -> None:
+    objects = _objects(f"overlays/{overlay}")
+    pool = _one(objects, "InferencePool", _pointsman_config(objects).pool.name)
+    # A Deployment: the pool follows its pods wherever they are, no per-pod Service or fixed address.
+    template = _one(objects, "Deployment", "model-server")["spec"]["template"]
+    assert pool["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    ports = [p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])]
+    assert pool["spec"]["targetPortNumber"] in ports
+    assert not [s for s in _find(objects, "Service") if s["metadata"]["name"].startswith("model-server")]
+
+
+class RecordingApi:
+    """Just enough of the Kubernetes API for the collector's discovery to run against: the rendered
+    InferencePool, no pods, watches that end at once. Records each request as the RBAC permission it
+    needs: (namespace, API group, resource, verb)."""
+
+    def __init__(self, pool: dict[str, Any], *, enough: int) -> None:
+        self._pool = {**pool, "metadata": {**pool["metadata"], "resourceVersion": "1"}}
+        self.requests: list[tuple[str, str, str, str]] = []
+        self._enough = enough
+        self.seen_enough = asyncio.Event()  # set once ``enough`` requests have come
+        self._answering: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> RecordingApi:
+        self._server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        # Let the answers in flight end (Python 3.11's server reports a cancelled one as an error).
+        await asyncio.gather(*self._answering)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+        _method, target, _version = (await reader.readline()).decode().split(" ")
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        url = urlsplit(target)
+        watch = parse_qs(url.query).get("watch") == ["1"]
+        # /api/v1/namespaces/NS/RESOURCE[/NAME] or /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME]
+        parts = url.path.strip("/").split("/")
+        group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+        _namespaces, namespace, resource, *name = rest
+        verb = "get" if name else "watch" if watch else "list"
+        self.requests.append((namespace, group, resource, verb))
+        if len(self.requests) >= self._enough:
+            self.seen_enough.set()
+        if watch:
+            await asyncio.sleep(0.05)  # an empty watch the server ended: the client watches again
+            body = b""
+        elif resource == "inferencepools":
+            body = json.dumps(self._pool).encode()
+        else:
+            body = json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode()
+        with contextlib.suppress(ConnectionError):  # the client may have gone meanwhile
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+        writer.close()
+
+
+@pytest.mark.parametrize("overlay", POOL_OVERLAYS)
+async def test_the_collector_s_role_allows_every_call_its_discovery_makes(overlay: str) -> None:
     objects = _objects(f"overlays/{overlay}")
     config = _pointsman_config(objects)
-    pods = _one(objects, "StatefulSet", "model-server")
-    services = sorted(
-        (s for s in _find(objects, "Service") if s["metadata"]["name"].startswith("model-server-")),
-        key=lambda s: s["metadata"]["name"],
-    )
-    assert len(services) == pods["spec"]["replicas"]
-    addresses = [f"{s['spec']['clusterIP']}:{s['spec']['ports'][0]['port']}" for s in services]
-    assert list(config.pool.endpoints) == addresses
-    for i, service in enumerate(services):
-        ipaddress.ip_address(service["spec"]["clusterIP"])  # ORIGINAL_DST takes IPs only
-        assert service["spec"]["selector"] == {"statefulset.kubernetes.io/pod-name": f"model-server-{i}"}
-    pool = _one(objects, "InferencePool", config.pool.name)
-    labels = pods["spec"]["template"]["metadata"]["labels"]
-    assert pool["spec"]["selector"].items() <= labels.items()
+    discovery = config.pool.kubernetes
+    assert discovery is not None
+    collector = _one(objects, "Deployment", "pointsman-collector")
+    namespace = collector["metadata"]["namespace"]
+    pod = collector["spec"]["template"]["spec"]
+    assert pod.get("automountServiceAccountToken", True) is True  # discovery runs on its token
+    binding = _one(objects, "RoleBinding", "pointsman-collector")
+    account = {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": namespace}
+    assert account in binding["subjects"]
+    role = _one(objects, "Role", binding["roleRef"]["name"])
+    assert role["metadata"]["namespace"] == namespace
+    pool_name = discovery.inference_pool or config.pool.name
+    # The first list, then both watches, each renewed: by then every kind of call has been made.
+    async with RecordingApi(_one(objects, "InferencePool", pool_name), enough=12) as api:
+        access = KubeAccess(server=api.url, namespace=discovery.namespace or namespace)
+        targets = KubernetesTargets(
+            access, pool=pool_name, api_version=discovery.api_version, on_change=lambda _pods: None
+        )
+        follow = asyncio.create_task(targets.run())
+        try:
+            async with asyncio.timeout(30):
+                await api.seen_enough.wait()
+        finally:
+            follow.cancel()
+            await asyncio.gather(follow, return_exceptions=True)
+    assert targets.synced.is_set()
+    allowed = {
+        (namespace, group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    needed = set(api.requests)
+    assert {r for _, _, r, _ in needed} == {"pods", "inferencepools"}
+    assert needed <= allowed, needed - allowed
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert "matchExpressions" not in selector  # none here; this check reads matchLabels only
+    match_labels: dict[str, str] = selector.get("matchLabels", {})
+    return match_labels.items() <= labels.items()
+
+
+def _policies_allow(
+    objects: Objects, direction: str, pod: dict[str, str], peer: dict[str, str] | None, port: int
+) -> bool:
+    """Whether the NetworkPolicies let ``pod`` (its labels) receive (``ingress``) from or send
+    (``egress``) to ``peer`` (a pod's labels, same namespace; ``None``: an address outside the cluster,
+    e.g. the API server) on TCP ``port``. No policy of that direction selecting ``pod``: allowed."""
+    policies = [
+        p["spec"]
+        for p in _find(objects, "NetworkPolicy")
+        if direction.capitalize() in p["spec"].get("policyTypes", ["Ingress"])
+        and _selects(p["spec"]["podSelector"], pod)
+    ]
+    rules = [rule for policy in policies for rule in policy.get(direction, [])]
+    for rule in rules:
+        if rule.get("ports") and port not in [p.get("port") for p in rule["ports"]]:
+            continue
+        peers = rule.get("from" if direction == "ingress" else "to")
+        if not peers:
+            return True
+        for candidate in peers:
+            if peer is None and "ipBlock" in candidate:
+                return True
+            if peer is not None and "podSelector" in candidate and _selects(candidate["podSelector"], peer):
+                return True
+    return not policies
+
+
+_POD = {"app": "a"}
+_OTHER = {"app": "b"}
+
+
+def _policy(direction: str, *rules: dict[str, Any]) -> dict[str, Any]:
+    spec = {
+        "podSelector": {"matchLabels": _POD},
+        "policyTypes": [direction.capitalize()],
+        direction: list(rules),
+    }
+    return {"kind": "NetworkPolicy", "metadata": {"name": "p"}, "spec": spec}
+
+
+_API_443 = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443}]}
+_FROM_OTHER = {"from": [{"podSelector": {"matchLabels": _OTHER}}]}
+
+
+@pytest.mark.parametrize(
+    ("policies", "direction", "peer", "port", "allowed"),
+    [
+        ([], "egress", None, 443, True),
+        ([_policy("egress")], "egress", None, 443, False),  # default deny
+        ([_policy("egress", _API_443)], "egress", None, 443, True),
+        ([_policy("egress", _API_443)], "egress", None, 6443, False),
+        ([_policy("ingress", _FROM_OTHER)], "ingress", _OTHER, 8000, True),
+        ([_policy("ingress", _FROM_OTHER)], "ingress", {"app": "c"}, 8000, False),
+        ([_policy("ingress", {"ports": [{"port": 9090}]})], "ingress", _OTHER, 8000, False),
+    ],
+)
+def test_the_network_policy_reading(
+    policies: Objects, direction: str, peer: dict[str, str] | None, port: int, allowed: bool
+) -> None:
+    assert _policies_allow(policies, direction, _POD, peer, port) is allowed
+
+
+@pytest.mark.parametrize("overlay", POOL_OVERLAYS)
+def test_network_policies_let_the_collectors_reach_the_api_the_pods_and_redis(overlay: str) -> None:
+    # Everything one namespace gets: a pool overlay and the gateway overlays.
+    objects = [*_objects(f"overlays/{overlay}"), *_objects("overlays/standalone-envoy")]
+    objects += _objects("overlays/envoy-gateway")
+    pool = _one(objects, "InferencePool", _pointsman_config(objects).pool.name)
+    collector = _one(objects, "Deployment", "pointsman-collector")["spec"]["template"]["metadata"]["labels"]
+    model_server = _one(objects, "Deployment", "model-server")["spec"]["template"]["metadata"]["labels"]
+    redis = _one(objects, "StatefulSet", "pointsman-redis")["spec"]["template"]["metadata"]["labels"]
+    port = pool["spec"]["targetPortNumber"]
+    assert _policies_allow(objects, "egress", collector, model_server, port)
+    assert _policies_allow(objects, "ingress", model_server, collector, port)
+    for api_port in (443, 6443):  # the kubernetes Service's port, and the API server's behind it
+        assert _policies_allow(objects, "egress", collector, None, api_port)
+    assert _policies_allow(objects, "egress", collector, redis, 6379)
+    assert _policies_allow(objects, "ingress", redis, collector, 6379)
 
 
 def test_vllm_serves_the_adapters_with_four_lora_slots_on_a_gpu() -> None:
     objects = _objects("overlays/vllm")
-    (container,) = _one(objects, "StatefulSet", "model-server")["spec"]["template"]["spec"]["containers"]
+    (container,) = _one(objects, "Deployment", "model-server")["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     assert "--enable-lora" in args
     assert "--max-loras=4" in args
