@@ -82,9 +82,10 @@ class _PagePod(asyncio.Protocol):
 
 
 class _PodServer:
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, page_kb: int) -> None:
         self._start = start
-        self._templates = [_template((PAGES / f"{name}.txt").read_bytes()) for name in PAGE_NAMES]
+        pages = [_grown((PAGES / f"{name}.txt").read_bytes(), page_kb) for name in PAGE_NAMES]
+        self._templates = [_template(page) for page in pages]
         self._tick = -1
         self._responses: list[bytes] = []
 
@@ -94,6 +95,22 @@ class _PodServer:
             self._tick = tick
             self._responses = [_render(t, tick) for t in self._templates]
         return self._responses[template]
+
+
+def _grown(page: bytes, page_kb: int) -> bytes:
+    """The page with renamed copies of its own families after it until it is ``page_kb`` KB.
+
+    Real vLLM pages run 27-82 KB: more histograms and label sets than the fixtures. vLLM registers its
+    gauges (the families Pointsman reads) before its histograms, so the growth goes after them; what
+    grows is what crosses the socket and what a family absent from the page is searched through.
+    """
+    copies = []
+    size = len(page)
+    while size < page_kb * 1024:
+        copy = page.replace(b"vllm:", b"vllm:copy%d_" % len(copies))
+        copies.append(copy)
+        size += len(copy)
+    return page + b"".join(copies)
 
 
 def _template(page: bytes) -> list[bytes]:
@@ -114,13 +131,13 @@ def _render(template: list[bytes], tick: int) -> bytes:
     return head % len(body) + body
 
 
-def serve_pods(pods: int, start: float, conn: Connection) -> None:
-    uvloop.run(_serve_pods(pods, start, conn))
+def serve_pods(pods: int, start: float, page_kb: int, conn: Connection) -> None:
+    uvloop.run(_serve_pods(pods, start, page_kb, conn))
 
 
-async def _serve_pods(pods: int, start: float, conn: Connection) -> None:
+async def _serve_pods(pods: int, start: float, page_kb: int, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
-    server = _PodServer(start)
+    server = _PodServer(start, page_kb)
     arrivals: list[list[float]] = [[] for _ in range(pods)]
     listeners = []
     for i in range(pods):
@@ -264,6 +281,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between scrapes of a pod")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each phase")
+    parser.add_argument("--page-kb", type=int, default=0, help="grow every page to at least this size")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     # A bounded run: if anything hangs, print every thread's stack and exit instead of waiting forever.
@@ -275,7 +293,9 @@ def main() -> int:
     start = time.time() + 1.0
     pods_conn, pods_end = spawn.Pipe()
     obs_conn, obs_end = spawn.Pipe()
-    pod_server = spawn.Process(target=serve_pods, args=(args.pods, start, pods_end), daemon=True)
+    pod_server = spawn.Process(
+        target=serve_pods, args=(args.pods, start, args.page_kb, pods_end), daemon=True
+    )
     observer = spawn.Process(target=observe, args=(redis.url, start, obs_end), daemon=True)
     try:
         pod_server.start()
@@ -303,6 +323,7 @@ def main() -> int:
 
     result: dict[str, Any] = {
         "pods": args.pods,
+        "page_kb": args.page_kb,
         "interval_ms": args.interval * 1000,
         "paced_cpu_fraction": round(paced["cpu_fraction"], 3),
         "paced_cpu_us_per_scrape": round(paced["cpu_us_per_scrape"], 1),
