@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def raise_if_cancelling() -> None:
@@ -30,3 +34,13 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
         raise_if_cancelling()
         return False
     return True
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run a service's main coroutine on uvloop where it is installed, else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)

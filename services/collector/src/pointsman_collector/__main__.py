@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -26,6 +26,7 @@ from pointsman_collector.metrics import ShareCollector
 from pointsman_collector.sharing import Membership, ShardSink, Share
 from pointsman_collector.sink import RedisSnapshotSink, SnapshotSink, redis_client
 from pointsman_collector.targets import FileTargets, Sources
+from pointsman_shared import aio
 from pointsman_shared.aio import wait_event
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
 from pointsman_shared.keys import RedisKeys
@@ -56,8 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(serve(config))
+    return aio.run(serve(config))
 
 
 async def serve(config: PointsmanConfig) -> int:
@@ -216,14 +216,6 @@ def _redacted(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     credentials, at, location = rest.rpartition("@")
     return f"{scheme}{sep}***@{location}" if at and credentials else url
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":

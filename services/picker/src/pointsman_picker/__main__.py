@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 from pathlib import Path
 
 from pointsman_picker.server import load_checked, serve
+from pointsman_shared import aio
 from pointsman_shared.config import ConfigError
 
 
@@ -34,12 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    running = serve(config, config_path=Path(args.config))
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(running)
-    return uvloop.run(running)
+    return aio.run(serve(config, config_path=Path(args.config)))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ flags override the profile's value where given.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from pointsman_shared import aio
 from pointsman_sim.metrics import LORA_LABEL_SEMANTICS, METRICS_VERSIONS
 from pointsman_sim.pod import DEFAULT_MODEL, PodSpec, SimPod
 from pointsman_sim.profiles import DEFAULT_PROFILE, ProfileError, load_profile, profile_names
@@ -187,17 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = pod_specs(args, [sock.getsockname()[1] for sock in sockets])
     pods = [SimPod(spec) for spec in specs]
     logger.info("serving %s", ", ".join(f"{pod.name} ({pod.spec.model})" for pod in pods))
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve_pods(pods, sockets, log_level=args.log_level))
+    aio.run(serve_pods(pods, sockets, log_level=args.log_level))
     return 0
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":
