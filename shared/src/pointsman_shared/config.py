@@ -240,6 +240,9 @@ class PickerConfig(_Model):
     explain_header: str | None = Field(default=None, min_length=1)
     # The scheduling profile requests go through (see `profiles`).
     profile: str = Field(default="default", min_length=1)
+    # The ext_proc server: "native" (Pointsman's own HTTP/2 gRPC server, a fraction of grpcio's CPU per
+    # request) or "grpcio" (grpc.aio, the reference implementation). See docs/picker.md, "Speed".
+    server: Literal["native", "grpcio"] = "native"
 
 
 class PluginSpec(_Model):
