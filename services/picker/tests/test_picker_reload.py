@@ -71,7 +71,7 @@ def test_the_app_routes_with_the_new_models_and_warns_about_restart_only_fields(
     with caplog.at_level(logging.WARNING, logger="pointsman_picker.server"):
         app.reconfigure(config(models=renamed, picker={"explainHeader": "X-Why", "listen": "0.0.0.0:9999"}))
     assert app.director.route(b'{"model":"new-model"}').endpoint == "10.0.0.1:8000"
-    assert app.servicer.settings.explain_header == "x-why"
+    assert app.service.settings.explain_header == "x-why"
     assert "picker.listen changed" in caplog.text
 
 

@@ -56,10 +56,10 @@ class Picker:
         self.source.set(snapshot(*pool_pods(*pods)))
 
 
-@pytest.fixture
-async def picker():
+@pytest.fixture(params=["native", "grpcio"])
+async def picker(request):
     source = StaticSnapshotSource()
-    cfg = on_free_ports(config(picker={"maxBodyBytes": 1000}))
+    cfg = on_free_ports(config(picker={"maxBodyBytes": 1000, "server": request.param}))
     app = create_app(
         cfg, source=source, registry=CollectorRegistry(), rng=random.Random(0), clock=lambda: NOW
     )
@@ -262,10 +262,10 @@ async def test_shutdown_goes_not_serving_and_cancels_streams_after_the_grace(pic
     await queue.put(post_headers())
     first = await call.read()  # the stream is open, waiting for a body that never comes
     assert first.WhichOneof("response") == "request_headers"
-    assert picker.app.servicer.open_streams == 1
+    assert picker.app.service.open_streams == 1
     await picker.app.stop(0.2)
-    assert picker.app.servicer.open_streams == 0
-    assert picker.app.servicer.unfinished_streams == 1
+    assert picker.app.service.open_streams == 0
+    assert picker.app.service.unfinished_streams == 1
     with pytest.raises(grpc.aio.AioRpcError):
         await call.read()
     await queue.put(None)

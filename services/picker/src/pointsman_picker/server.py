@@ -24,8 +24,9 @@ from prometheus_client import CollectorRegistry
 
 from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
-from pointsman_picker.extproc.servicer import ExtProcServicer
+from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, native_methods
 from pointsman_picker.extproc.stream import StreamSettings
+from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotCollector
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.scheduling.plugins import PluginError
@@ -65,7 +66,7 @@ class PickerApp:
         self.metrics = PickerMetrics(registry)
         registry.register(SnapshotCollector(source, config.pool.name, clock))
         self.director = Director(config, source, self.metrics, rng=rng, clock=clock)
-        self.servicer = ExtProcServicer(
+        self.service = ExtProcService(
             self.director.route,
             stream_settings(config),
             on_error=self._record_error,
@@ -74,10 +75,13 @@ class PickerApp:
             clock=time.monotonic,
         )
         self.health = health.aio.HealthServicer()
+        # The native server answers health Check from this; grpc.aio's servicer keeps its own copy.
+        self.health_statuses: dict[str, int] = {}
         self.port = 0
         self.health_port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
+        self._native: GrpcServer | None = None
         self._health_server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
         self._ready_task: asyncio.Task[None] | None = None
@@ -88,7 +92,7 @@ class PickerApp:
         for what, old, new in _restart_only(self.config, config):
             log.warning("config: %s changed (%s -> %s); it takes effect after a restart", what, old, new)
         self.director.reconfigure(config)
-        self.servicer.settings = stream_settings(config)
+        self.service.settings = stream_settings(config)
         self.config = config
         log.info("config reloaded: %d models", len(config.models))
 
@@ -97,18 +101,27 @@ class PickerApp:
 
     async def start(self) -> None:
         picker = self.config.picker
-        for service in HEALTH_SERVICES:
-            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.source.start()
 
-        self._server = grpc.aio.server(options=_SERVER_OPTIONS)
-        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(picker.listen)
+        if picker.server == "native":
+            self._native = GrpcServer(
+                native_methods(self.service, self.health_statuses),
+                # The body plus the ProcessingRequest around it.
+                max_message_bytes=picker.max_body_bytes + 64 * 1024,
+            )
+            self.port = await self._native.start(*split_listen(picker.listen))
+        else:
+            self._server = grpc.aio.server(options=_SERVER_OPTIONS)
+            external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+                GrpcioServicer(self.service), self._server
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+            self.port = self._server.add_insecure_port(picker.listen)
+            await self._server.start()
         self._health_server = grpc.aio.server(options=_SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(picker.health_listen)
-        await self._server.start()
         await self._health_server.start()
 
         self._metrics_server = MetricsServer(self.registry)
@@ -116,8 +129,9 @@ class PickerApp:
         self.metrics_port = self._metrics_server.port
         self._ready_task = asyncio.create_task(self._serve_when_ready(), name="health-ready")
         log.info(
-            "picker for pool %s: ext_proc on port %d, health on %d, metrics on %d",
+            "picker for pool %s: ext_proc (%s server) on port %d, health on %d, metrics on %d",
             self.config.pool.name,
+            picker.server,
             self.port,
             self.health_port,
             self.metrics_port,
@@ -125,20 +139,30 @@ class PickerApp:
 
     async def _serve_when_ready(self) -> None:
         await self.source.wait_ready()
-        for service in HEALTH_SERVICES:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("first snapshot arrived: SERVING")
+
+    async def _set_health(self, status: int) -> None:
+        for service in HEALTH_SERVICES:
+            self.health_statuses[service] = status
+            await self.health.set(service, status)
 
     async def stop(self, grace: float = DEFAULT_GRACE) -> None:
         await self.health.enter_graceful_shutdown()
+        self.health_statuses.update(
+            dict.fromkeys(HEALTH_SERVICES, health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
         if self._ready_task is not None:
             self._ready_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ready_task
-        if self._server is not None:
-            log.info("stopping: %d open streams, grace %.1fs", self.servicer.open_streams, grace)
-            await self._server.stop(grace)
-            log.info("ext_proc server stopped (%d streams cut short)", self.servicer.unfinished_streams)
+        if self._server is not None or self._native is not None:
+            log.info("stopping: %d open streams, grace %.1fs", self.service.open_streams, grace)
+            if self._server is not None:
+                await self._server.stop(grace)
+            if self._native is not None:
+                await self._native.stop(grace)
+            log.info("ext_proc server stopped (%d streams cut short)", self.service.unfinished_streams)
         if self._health_server is not None:
             await self._health_server.stop(None)
         if self._metrics_server is not None:
@@ -174,6 +198,7 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
         ("picker.listen", old.picker.listen, new.picker.listen),
         ("picker.healthListen", old.picker.health_listen, new.picker.health_listen),
         ("picker.metricsListen", old.picker.metrics_listen, new.picker.metrics_listen),
+        ("picker.server", old.picker.server, new.picker.server),
         ("redis.url", old.redis.url, new.redis.url),
         ("pool.name", old.pool.name, new.pool.name),
     ]

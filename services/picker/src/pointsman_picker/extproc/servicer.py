@@ -1,12 +1,18 @@
-"""The thin grpc.aio ext_proc servicer: one :class:`RequestStream` per gRPC stream."""
+"""The ext_proc service on either server: :class:`RequestStream` per gRPC stream, counted the same way.
+
+``native_methods`` plugs it (and gRPC health's Check) into :class:`~pointsman_picker.h2grpc.server.
+GrpcServer`; :class:`GrpcioServicer` into grpc.aio.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2
 
 from pointsman_picker.director import Routing
 from pointsman_picker.extproc.stream import (
@@ -18,9 +24,14 @@ from pointsman_picker.extproc.stream import (
     Route,
     StreamSettings,
 )
+from pointsman_picker.h2grpc.connection import Method, ServerStream, Status
+
+PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+HEALTH_CHECK_PATH = "/grpc.health.v1.Health/Check"
+HEALTH_WATCH_PATH = "/grpc.health.v1.Health/Watch"
 
 
-class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class ExtProcService:
     def __init__(
         self,
         route: Route,
@@ -40,17 +51,35 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.open_streams = 0
         self.unfinished_streams = 0
 
-    async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> None:
-        stream = RequestStream(
+    def open(self) -> RequestStream:
+        self.open_streams += 1
+        return RequestStream(
             self._route,
             self.settings,
             on_error=self._on_error,
             on_complete=self._on_complete,
             clock=self._clock,
         )
-        self.open_streams += 1
+
+    def close(self, stream: RequestStream, *, cut_short: bool) -> None:
+        self.open_streams -= 1
+        if stream.routing is not None:
+            self._on_finish(stream.routing)
+        # A stream that ends while a request body is still due was cut short: Envoy reset it, or
+        # shutdown's grace ran out.
+        if stream.phase is Phase.BODY or cut_short:
+            self.unfinished_streams += 1
+            stream.log.debug("stream ended before the request was complete")
+
+
+class GrpcioServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, service: ExtProcService) -> None:
+        self._service = service
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        stream = self._service.open()
         try:
             # context.read()/write() rather than the request iterator and yield: grpc.aio's iterator
             # path wraps every message in extra tasks (measured: see docs/picker.md, "Speed").
@@ -58,11 +87,84 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 for response in stream.handle(message):
                     await context.write(response)
         finally:
-            self.open_streams -= 1
-            if stream.routing is not None:
-                self._on_finish(stream.routing)
-            # A stream that ends while a request body is still due was cut short: Envoy reset it, or
-            # shutdown's grace ran out (grpc.aio then ends the request iterator like a half-close).
-            if stream.phase is Phase.BODY or context.cancelled():
-                self.unfinished_streams += 1
-                stream.log.debug("stream ended before the request was complete")
+            # grpc.aio ends the request iterator like a half-close when shutdown's grace runs out.
+            self._service.close(stream, cut_short=context.cancelled())
+
+
+class _ProcessCall:
+    """One ext_proc stream on the native server."""
+
+    __slots__ = ("_done", "_server_stream", "_service", "_stream")
+
+    def __init__(self, service: ExtProcService, server_stream: ServerStream) -> None:
+        self._service = service
+        self._server_stream = server_stream
+        self._stream = service.open()
+        self._done = False
+
+    def message(self, payload: bytes) -> None:
+        try:
+            request = pb.ProcessingRequest.FromString(payload)
+        except DecodeError:
+            self._server_stream.finish(Status.INVALID_ARGUMENT, "not a ProcessingRequest")
+            self._end(cut_short=True)
+            return
+        send = self._server_stream.send
+        for response in self._stream.handle(request):
+            send(response.SerializeToString())
+
+    def half_closed(self) -> None:
+        self._server_stream.finish()
+        self._end(cut_short=False)
+
+    def cancelled(self) -> None:
+        self._end(cut_short=True)
+
+    def _end(self, *, cut_short: bool) -> None:
+        if not self._done:
+            self._done = True
+            self._service.close(self._stream, cut_short=cut_short)
+
+
+class _HealthCheck:
+    """grpc.health.v1 Check: one request, one answer from the current statuses."""
+
+    __slots__ = ("_request", "_server_stream", "_statuses")
+
+    def __init__(self, statuses: Mapping[str, int], server_stream: ServerStream) -> None:
+        self._statuses = statuses
+        self._server_stream = server_stream
+        self._request: bytes | None = None
+
+    def message(self, payload: bytes) -> None:
+        self._request = payload
+
+    def half_closed(self) -> None:
+        try:
+            service = health_pb2.HealthCheckRequest.FromString(self._request or b"").service
+        except DecodeError:
+            self._server_stream.finish(Status.INVALID_ARGUMENT, "not a HealthCheckRequest")
+            return
+        status = self._statuses.get(service)
+        if status is None:
+            self._server_stream.finish(Status.NOT_FOUND, f"unknown service {service!r}")
+            return
+        self._server_stream.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
+        self._server_stream.finish()
+
+    def cancelled(self) -> None:
+        pass
+
+
+def native_methods(service: ExtProcService, health_statuses: Mapping[str, int]) -> dict[str, Method]:
+    """The native server's methods. Health Watch is not served on this port (the health port has it)."""
+
+    def unimplemented(server_stream: ServerStream) -> _HealthCheck:
+        server_stream.finish(Status.UNIMPLEMENTED, "Watch is served on picker.healthListen")
+        return _HealthCheck(health_statuses, server_stream)
+
+    return {
+        PROCESS_PATH: lambda server_stream: _ProcessCall(service, server_stream),
+        HEALTH_CHECK_PATH: lambda server_stream: _HealthCheck(health_statuses, server_stream),
+        HEALTH_WATCH_PATH: unimplemented,
+    }

@@ -1,0 +1,1 @@
+"""A small gRPC server over HTTP/2 for synchronous methods (the ext_proc hot path)."""

@@ -1,0 +1,296 @@
+"""HTTP/2 frames (RFC 9113), HPACK header blocks (RFC 7541) and gRPC message framing: pure codecs.
+
+Only what a gRPC server needs: the decoder reads any header block a client may send (indexed fields,
+literals with and without indexing, Huffman strings, table size updates); the encoder writes the few
+fixed response header blocks as literals without indexing, so the peer's decoder table never changes
+and this side keeps no encoder state.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from typing import Final
+from urllib.parse import quote
+
+from hpack.huffman_table import decode_huffman
+from hpack.table import HeaderTable
+
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+FRAME_HEADER_BYTES: Final = 9
+DEFAULT_WINDOW: Final = 65_535
+DEFAULT_MAX_FRAME: Final = 16_384
+MAX_WINDOW: Final = 2**31 - 1
+DEFAULT_HEADER_TABLE: Final = 4_096
+
+_FRAME_HEADER = struct.Struct(">BHBBI")  # length as 1 + 2 bytes, type, flags, stream id
+_SETTING = struct.Struct(">HI")
+_U32 = struct.Struct(">I")
+_GRPC_PREFIX = struct.Struct(">BI")
+
+
+class FrameType(enum.IntEnum):
+    DATA = 0
+    HEADERS = 1
+    PRIORITY = 2
+    RST_STREAM = 3
+    SETTINGS = 4
+    PUSH_PROMISE = 5
+    PING = 6
+    GOAWAY = 7
+    WINDOW_UPDATE = 8
+    CONTINUATION = 9
+
+
+# Frame flags, plain ints: IntFlag's operators run in Python and showed in the per-request profile.
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY: Final = 0x20
+
+
+class Setting(enum.IntEnum):
+    HEADER_TABLE_SIZE = 1
+    ENABLE_PUSH = 2
+    MAX_CONCURRENT_STREAMS = 3
+    INITIAL_WINDOW_SIZE = 4
+    MAX_FRAME_SIZE = 5
+    MAX_HEADER_LIST_SIZE = 6
+
+
+class ErrorCode(enum.IntEnum):
+    NO_ERROR = 0
+    PROTOCOL_ERROR = 1
+    INTERNAL_ERROR = 2
+    FLOW_CONTROL_ERROR = 3
+    STREAM_CLOSED = 5
+    FRAME_SIZE_ERROR = 6
+    REFUSED_STREAM = 7
+    CANCEL = 8
+    COMPRESSION_ERROR = 9
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/2: the connection ends with GOAWAY and this code."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- frames ----------------------------------------------------------------------------------------
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    size = len(payload)
+    return _FRAME_HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def frame_header(data: bytes | bytearray, at: int) -> tuple[int, int, int, int]:
+    """(length, type, flags, stream id) of the frame header at ``at``."""
+    high, low, kind, flags, stream_id = _FRAME_HEADER.unpack_from(data, at)
+    return (high << 16) | low, kind, flags, stream_id & MAX_WINDOW
+
+
+def settings_frame(settings: dict[Setting, int]) -> bytes:
+    return frame(FrameType.SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in settings.items()))
+
+
+def parse_settings(payload: bytes) -> Iterator[tuple[int, int]]:
+    if len(payload) % 6:
+        raise ProtocolError("SETTINGS payload is not a multiple of 6", ErrorCode.FRAME_SIZE_ERROR)
+    for at in range(0, len(payload), 6):
+        yield _SETTING.unpack_from(payload, at)
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame(FrameType.WINDOW_UPDATE, 0, stream_id, _U32.pack(increment))
+
+
+def rst_stream(stream_id: int, code: ErrorCode) -> bytes:
+    return frame(FrameType.RST_STREAM, 0, stream_id, _U32.pack(code))
+
+
+def goaway(last_stream_id: int, code: ErrorCode, debug: bytes = b"") -> bytes:
+    return frame(FrameType.GOAWAY, 0, 0, _U32.pack(last_stream_id) + _U32.pack(code) + debug)
+
+
+def u32(payload: bytes, at: int = 0) -> int:
+    value: int = _U32.unpack_from(payload, at)[0]
+    return value
+
+
+def unpad(payload: bytes, flags: int) -> bytes:
+    """The frame's payload without its padding (PADDED flag)."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolError("padding longer than the frame")
+    return payload[1 : len(payload) - payload[0]]
+
+
+# -- gRPC messages -----------------------------------------------------------------------------------
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """A length-prefixed, uncompressed gRPC message."""
+    return _GRPC_PREFIX.pack(0, len(payload)) + payload
+
+
+def grpc_prefix(data: bytes | bytearray, at: int) -> tuple[int, int]:
+    """(compressed flag, length) of the gRPC message prefix at ``at``."""
+    flag, length = _GRPC_PREFIX.unpack_from(data, at)
+    return flag, length
+
+
+# -- HPACK: decoding ---------------------------------------------------------------------------------
+
+_STATIC: Final = HeaderTable.STATIC_TABLE
+_ENTRY_OVERHEAD: Final = 32
+
+
+class HeaderDecoder:
+    """One connection's HPACK decoder (its dynamic table lives as long as the connection)."""
+
+    def __init__(self, max_table_size: int = DEFAULT_HEADER_TABLE) -> None:
+        self._max_allowed = max_table_size
+        self._max = max_table_size
+        self._size = 0
+        self._dynamic: list[tuple[bytes, bytes]] = []  # newest first
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        try:
+            return self._decode(block)
+        except IndexError:
+            raise ProtocolError("truncated header block", ErrorCode.COMPRESSION_ERROR) from None
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        fields: list[tuple[bytes, bytes]] = []
+        at, end = 0, len(block)
+        while at < end:
+            first = block[at]
+            if first & 0x80:  # indexed field
+                index, at = _integer(block, at, 7)
+                fields.append(self._entry(index))
+            elif first & 0x40:  # literal with incremental indexing
+                field, at = self._literal(block, at, 6)
+                self._add(field)
+                fields.append(field)
+            elif first & 0x20:  # dynamic table size update
+                size, at = _integer(block, at, 5)
+                if size > self._max_allowed:
+                    raise ProtocolError("table size update above the limit", ErrorCode.COMPRESSION_ERROR)
+                self._max = size
+                self._evict()
+            else:  # literal without indexing (0000) or never indexed (0001)
+                field, at = self._literal(block, at, 4)
+                fields.append(field)
+        return fields
+
+    def _entry(self, index: int) -> tuple[bytes, bytes]:
+        if 0 < index <= len(_STATIC):
+            return _STATIC[index - 1]
+        dynamic = index - len(_STATIC) - 1
+        if index == 0 or dynamic >= len(self._dynamic):
+            raise ProtocolError(f"header index {index} out of range", ErrorCode.COMPRESSION_ERROR)
+        return self._dynamic[dynamic]
+
+    def _literal(self, block: bytes, at: int, prefix: int) -> tuple[tuple[bytes, bytes], int]:
+        index, at = _integer(block, at, prefix)
+        if index:
+            name = self._entry(index)[0]
+        else:
+            name, at = _string(block, at)
+        value, at = _string(block, at)
+        return (name, value), at
+
+    def _add(self, field: tuple[bytes, bytes]) -> None:
+        self._dynamic.insert(0, field)
+        self._size += len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._size > self._max and self._dynamic:
+            name, value = self._dynamic.pop()
+            self._size -= len(name) + len(value) + _ENTRY_OVERHEAD
+
+
+def _integer(block: bytes, at: int, prefix: int) -> tuple[int, int]:
+    mask = (1 << prefix) - 1
+    value = block[at] & mask
+    at += 1
+    if value < mask:
+        return value, at
+    shift = 0
+    while True:
+        byte = block[at]
+        at += 1
+        value += (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+        if shift > 28:
+            raise ProtocolError("HPACK integer too large", ErrorCode.COMPRESSION_ERROR)
+
+
+def _string(block: bytes, at: int) -> tuple[bytes, int]:
+    huffman = block[at] & 0x80
+    length, at = _integer(block, at, 7)
+    end = at + length
+    if end > len(block):
+        raise ProtocolError("header string past the block", ErrorCode.COMPRESSION_ERROR)
+    raw = block[at:end]
+    if huffman:
+        try:
+            raw = decode_huffman(raw)
+        except Exception as exc:  # hpack raises its own HPACKDecodingError
+            raise ProtocolError(f"bad Huffman string: {exc}", ErrorCode.COMPRESSION_ERROR) from None
+    return raw, end
+
+
+# -- HPACK: the server's fixed header blocks -----------------------------------------------------------
+
+_STATUS_200: Final = b"\x88"  # static index 8
+_CONTENT_TYPE_INDEX: Final = 31
+
+
+def _encode_integer(value: int, prefix: int, first: int = 0) -> bytes:
+    mask = (1 << prefix) - 1
+    if value < mask:
+        return bytes([first | value])
+    out = bytearray([first | mask])
+    value -= mask
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal_string(raw: bytes) -> bytes:
+    return _encode_integer(len(raw), 7) + raw
+
+
+def _literal(name: bytes | int, value: bytes) -> bytes:
+    """A literal field without indexing, its name a static index or a string."""
+    if isinstance(name, int):
+        return _encode_integer(name, 4) + _literal_string(value)
+    return b"\x00" + _literal_string(name) + _literal_string(value)
+
+
+RESPONSE_HEADERS: Final = _STATUS_200 + _literal(_CONTENT_TYPE_INDEX, b"application/grpc")
+
+
+def trailers(status: int, message: str = "") -> bytes:
+    """The trailer block ending a call: grpc-status, and grpc-message percent-encoded as gRPC asks."""
+    block = _literal(b"grpc-status", str(status).encode())
+    if message:
+        block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+    return block
+
+
+def trailers_only(status: int, message: str = "") -> bytes:
+    """A call answered by its status alone (one HEADERS frame that ends the stream)."""
+    return RESPONSE_HEADERS + trailers(status, message)
