@@ -175,7 +175,7 @@ class HeaderDecoder:
                 index, at = _integer(block, at, 7)
                 fields.append(self._entry(index))
             elif first & 0x40:  # literal with incremental indexing
-                field, at = self._literal(block, at, 6)
+                field, at = self._literal_field(block, at, 6)
                 self._add(field)
                 fields.append(field)
             elif first & 0x20:  # dynamic table size update
@@ -185,7 +185,7 @@ class HeaderDecoder:
                 self._max = size
                 self._evict()
             else:  # literal without indexing (0000) or never indexed (0001)
-                field, at = self._literal(block, at, 4)
+                field, at = self._literal_field(block, at, 4)
                 fields.append(field)
         return fields
 
@@ -197,7 +197,7 @@ class HeaderDecoder:
             raise ProtocolError(f"header index {index} out of range", ErrorCode.COMPRESSION_ERROR)
         return self._dynamic[dynamic]
 
-    def _literal(self, block: bytes, at: int, prefix: int) -> tuple[tuple[bytes, bytes], int]:
+    def _literal_field(self, block: bytes, at: int, prefix: int) -> tuple[tuple[bytes, bytes], int]:
         index, at = _integer(block, at, prefix)
         if index:
             name = self._entry(index)[0]
@@ -273,21 +273,23 @@ def _literal_string(raw: bytes) -> bytes:
     return _encode_integer(len(raw), 7) + raw
 
 
-def _literal(name: bytes | int, value: bytes) -> bytes:
+def encode_literal(name: bytes | int, value: bytes) -> bytes:
     """A literal field without indexing, its name a static index or a string."""
     if isinstance(name, int):
         return _encode_integer(name, 4) + _literal_string(value)
     return b"\x00" + _literal_string(name) + _literal_string(value)
 
 
-RESPONSE_HEADERS: Final = _STATUS_200 + _literal(_CONTENT_TYPE_INDEX, b"application/grpc")
+RESPONSE_HEADERS: Final = _STATUS_200 + encode_literal(_CONTENT_TYPE_INDEX, b"application/grpc")
 
 
 def trailers(status: int, message: str = "") -> bytes:
     """The trailer block ending a call: grpc-status, and grpc-message percent-encoded as gRPC asks."""
-    block = _literal(b"grpc-status", str(status).encode())
+    block = encode_literal(b"grpc-status", str(status).encode())
     if message:
-        block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+        block += encode_literal(
+            b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()
+        )
     return block
 
 

@@ -1,0 +1,355 @@
+"""The native gRPC server on a real socket: a real grpc client for whole calls and big messages, and a
+raw HTTP/2 client for what a well-behaved client never sends (bad frames, tiny windows, resets)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+
+from pointsman_picker.h2grpc import wire
+from pointsman_picker.h2grpc.connection import ServerStream, Status
+from pointsman_picker.h2grpc.server import GrpcServer
+from pointsman_picker.h2grpc.wire import ErrorCode, FrameType, HeaderDecoder
+
+ECHO = "/test.Echo/Echo"
+MAX_MESSAGE = 8 * 1024 * 1024
+
+
+@dataclass
+class Calls:
+    """What the echo method saw, for assertions."""
+
+    messages: list[bytes] = field(default_factory=list)
+    cancelled: int = 0
+    half_closed: int = 0
+
+
+class Echo:
+    """Answers every message with itself; ends the call with OK when the client half-closes."""
+
+    def __init__(self, calls: Calls, stream: ServerStream) -> None:
+        self._calls = calls
+        self._stream = stream
+
+    def message(self, payload: bytes) -> None:
+        self._calls.messages.append(payload)
+        if payload == b"fail":
+            raise RuntimeError("the method broke")
+        self._stream.send(payload)
+
+    def half_closed(self) -> None:
+        self._calls.half_closed += 1
+        self._stream.finish()
+
+    def cancelled(self) -> None:
+        self._calls.cancelled += 1
+
+
+@dataclass
+class Running:
+    server: GrpcServer
+    port: int
+    calls: Calls
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[Running]:
+    calls = Calls()
+    server = GrpcServer({ECHO: lambda stream: Echo(calls, stream)}, max_message_bytes=MAX_MESSAGE)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        yield Running(server, port, calls)
+    finally:
+        await server.stop(0)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+async def grpc_echo(port: int, *messages: bytes) -> list[bytes]:
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}",
+        options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+    ) as channel:
+        call = channel.stream_stream(ECHO, request_serializer=_identity, response_deserializer=_identity)
+        return [answer async for answer in call(iter(messages))]
+
+
+# -- a real gRPC client ---------------------------------------------------------------------------------
+async def test_a_grpc_client_gets_every_message_back_in_order(echo):
+    assert await grpc_echo(echo.port, b"one", b"", b"three") == [b"one", b"", b"three"]
+    assert echo.calls.half_closed == 1
+
+
+async def test_big_messages_cross_both_flow_control_windows(echo):
+    # 3 MiB each way: far past the grpc client's first 64 KiB window and one frame's 16 KiB.
+    big = bytes(range(256)) * (3 * 4096)
+    assert await grpc_echo(echo.port, big, big[:70_000]) == [big, big[:70_000]]
+
+
+async def test_concurrent_calls_on_one_connection(echo):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}") as channel:
+        call = channel.stream_stream(ECHO, request_serializer=_identity, response_deserializer=_identity)
+
+        async def one(i: int) -> list[bytes]:
+            return [answer async for answer in call(iter([str(i).encode()] * 3))]
+
+        results = await asyncio.gather(*(one(i) for i in range(50)))
+    assert results == [[str(i).encode()] * 3 for i in range(50)]
+
+
+async def test_an_unknown_method_is_unimplemented(echo):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{echo.port}") as channel:
+        call = channel.unary_unary("/test.Echo/Nope", request_serializer=_identity)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call(b"x")
+    assert raised.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_method_that_raises_ends_its_call_with_internal(echo):
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await grpc_echo(echo.port, b"ok", b"fail", b"never")
+    assert raised.value.code() is grpc.StatusCode.INTERNAL
+    assert echo.calls.messages == [b"ok", b"fail"]
+    assert echo.calls.cancelled == 1
+
+
+async def test_a_message_over_the_cap_is_resource_exhausted():
+    calls = Calls()
+    server = GrpcServer({ECHO: lambda stream: Echo(calls, stream)}, max_message_bytes=100)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await grpc_echo(port, b"x" * 101)
+        assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert await grpc_echo(port, b"x" * 100) == [b"x" * 100]  # the connection goes on
+    finally:
+        await server.stop(0)
+
+
+# -- a raw HTTP/2 client --------------------------------------------------------------------------------
+_REQUEST_HEADERS = (
+    wire.encode_literal(b":method", b"POST")
+    + wire.encode_literal(b":scheme", b"http")
+    + wire.encode_literal(b":path", ECHO.encode())
+    + wire.encode_literal(b"content-type", b"application/grpc")
+)
+
+
+class RawClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.decoder = HeaderDecoder()
+
+    @classmethod
+    async def connect(cls, port: int, settings: dict[wire.Setting, int] | None = None) -> RawClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = cls(reader, writer)
+        client.send(wire.PREFACE + wire.settings_frame(settings or {}))
+        kind, flags, _, _ = await client.read()
+        assert kind == FrameType.SETTINGS
+        assert not flags
+        return client
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def headers(self, stream_id: int, *, end_stream: bool = False, block: bytes = _REQUEST_HEADERS) -> None:
+        flags = wire.END_HEADERS | (wire.END_STREAM if end_stream else 0)
+        self.send(wire.frame(FrameType.HEADERS, flags, stream_id, block))
+
+    def data(self, stream_id: int, payload: bytes, *, end_stream: bool = False) -> None:
+        self.send(wire.frame(FrameType.DATA, wire.END_STREAM if end_stream else 0, stream_id, payload))
+
+    async def read(self) -> tuple[int, int, int, bytes]:
+        header = await asyncio.wait_for(self.reader.readexactly(wire.FRAME_HEADER_BYTES), 5)
+        length, kind, flags, stream_id = wire.frame_header(header, 0)
+        return kind, flags, stream_id, await self.reader.readexactly(length)
+
+    async def until(self, kind: int, stream_id: int | None = None) -> tuple[int, bytes]:
+        """Read (answering nothing) until a frame of ``kind``; its (flags, payload)."""
+        while True:
+            got, flags, sid, payload = await self.read()
+            if got == kind and (stream_id is None or sid == stream_id):
+                return flags, payload
+
+    async def call_result(self, stream_id: int) -> tuple[bytes, dict[bytes, bytes]]:
+        """The stream's response body and its trailers (or trailers-only headers)."""
+        body = b""
+        while True:
+            kind, flags, sid, payload = await self.read()
+            if sid != stream_id:
+                continue
+            if kind == FrameType.DATA:
+                body += payload
+            elif kind == FrameType.HEADERS:
+                fields = dict(self.decoder.decode(payload))
+                if flags & wire.END_STREAM:
+                    return body, fields
+
+    async def closed(self) -> bool:
+        try:
+            while await asyncio.wait_for(self.reader.read(65536), 5):
+                pass
+        except ConnectionError:
+            pass
+        return True
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@pytest.fixture
+async def raw(echo) -> AsyncIterator[RawClient]:
+    client = await RawClient.connect(echo.port)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+async def test_a_bad_preface_gets_goaway_and_the_connection_closes(echo):
+    reader, writer = await asyncio.open_connection("127.0.0.1", echo.port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closes
+    frames = []
+    at = 0
+    while at < len(data):
+        length, kind, _, _ = wire.frame_header(data, at)
+        frames.append((kind, data[at + 9 : at + 9 + length]))
+        at += 9 + length
+    kind, payload = frames[-1]
+    assert kind == FrameType.GOAWAY
+    assert wire.u32(payload, 4) == ErrorCode.PROTOCOL_ERROR
+    writer.close()
+
+
+async def test_ping_is_answered_with_its_payload(raw):
+    raw.send(wire.frame(FrameType.PING, 0, 0, b"12345678"))
+    flags, payload = await raw.until(FrameType.PING)
+    assert flags == wire.ACK
+    assert payload == b"12345678"
+
+
+async def test_messages_split_and_joined_across_data_frames(echo, raw):
+    stream = wire.grpc_message(b"hello") + wire.grpc_message(b"world")
+    raw.headers(1)
+    raw.data(1, stream[:3])
+    raw.data(1, stream[3:12])
+    raw.data(1, stream[12:], end_stream=True)
+    body, trailers = await raw.call_result(1)
+    assert body == stream
+    assert trailers[b"grpc-status"] == b"0"
+
+
+async def test_padded_frames_and_continuations_are_read(echo, raw):
+    block = _REQUEST_HEADERS
+    raw.send(wire.frame(FrameType.HEADERS, wire.PADDED, 1, bytes([3]) + block[:10] + b"\0\0\0"))
+    raw.send(wire.frame(FrameType.CONTINUATION, wire.END_HEADERS, 1, block[10:]))
+    raw.send(
+        wire.frame(
+            FrameType.DATA, wire.PADDED | wire.END_STREAM, 1, b"\x02" + wire.grpc_message(b"p") + b"\0\0"
+        )
+    )
+    body, trailers = await raw.call_result(1)
+    assert body == wire.grpc_message(b"p")
+    assert trailers[b"grpc-status"] == b"0"
+
+
+async def test_a_compressed_message_is_refused(echo, raw):
+    raw.headers(1)
+    raw.data(1, b"\x01\x00\x00\x00\x01z")
+    _body, trailers = await raw.call_result(1)
+    assert trailers[b"grpc-status"] == str(Status.UNIMPLEMENTED.value).encode()
+    _flags, payload = await raw.until(FrameType.RST_STREAM, 1)  # the client may stop sending
+    assert wire.u32(payload) == ErrorCode.NO_ERROR
+    assert echo.calls.cancelled == 1
+
+
+async def test_a_request_ending_inside_a_message_is_internal(echo, raw):
+    raw.headers(1)
+    raw.data(1, wire.grpc_message(b"hello")[:4], end_stream=True)
+    _, trailers = await raw.call_result(1)
+    assert trailers[b"grpc-status"] == str(Status.INTERNAL.value).encode()
+
+
+async def test_answers_wait_for_the_peers_window_and_frame_size():
+    calls = Calls()
+    server = GrpcServer({ECHO: lambda stream: Echo(calls, stream)}, max_message_bytes=MAX_MESSAGE)
+    port = await server.start("127.0.0.1", 0)
+    client = await RawClient.connect(port, {wire.Setting.INITIAL_WINDOW_SIZE: 10})
+    try:
+        message = b"m" * 40_000
+        client.headers(1)
+        client.data(1, wire.grpc_message(message), end_stream=True)
+        _flags, first = await client.until(FrameType.DATA, 1)
+        assert len(first) == 10  # all the stream window allows
+        client.send(wire.window_update(1, 50_000))
+        received = first
+        sizes = []
+        while len(received) < len(message) + 5:
+            _, payload = await client.until(FrameType.DATA, 1)
+            sizes.append(len(payload))
+            received += payload
+        assert received == wire.grpc_message(message)
+        assert max(sizes) == wire.DEFAULT_MAX_FRAME  # the client's max frame size, not the server's
+        _, trailers = await client.call_result(1)
+        assert trailers[b"grpc-status"] == b"0"
+    finally:
+        client.close()
+        await server.stop(0)
+
+
+async def test_a_reset_stream_cancels_its_call(echo, raw):
+    raw.headers(1)
+    raw.data(1, wire.grpc_message(b"first"))
+    await raw.until(FrameType.DATA, 1)
+    raw.send(wire.rst_stream(1, ErrorCode.CANCEL))
+    raw.send(wire.frame(FrameType.PING, 0, 0, b"syncsync"))
+    await raw.until(FrameType.PING)
+    assert echo.calls.cancelled == 1
+    assert echo.server.open_streams == 0
+
+
+async def test_data_on_stream_zero_is_a_connection_error(echo, raw):
+    raw.data(0, b"x")
+    _, payload = await raw.until(FrameType.GOAWAY)
+    assert wire.u32(payload, 4) == ErrorCode.PROTOCOL_ERROR
+    assert await raw.closed()
+
+
+async def test_shutdown_refuses_new_streams_and_cancels_open_ones_after_the_grace(echo, raw):
+    raw.headers(1)
+    raw.data(1, wire.grpc_message(b"open"))
+    await raw.until(FrameType.DATA, 1)
+    stopping = asyncio.create_task(echo.server.stop(0.3))
+    _, payload = await raw.until(FrameType.GOAWAY)
+    assert wire.u32(payload) == 1
+    assert wire.u32(payload, 4) == ErrorCode.NO_ERROR
+    raw.headers(3, end_stream=True)
+    _, refused = await raw.until(FrameType.RST_STREAM, 3)
+    assert wire.u32(refused) == ErrorCode.REFUSED_STREAM
+    _, cancel = await raw.until(FrameType.RST_STREAM, 1)
+    assert wire.u32(cancel) == ErrorCode.CANCEL
+    await stopping
+    assert echo.calls.cancelled == 1
+    assert await raw.closed()
+
+
+async def test_shutdown_waits_for_open_calls_that_finish_within_the_grace(echo, raw):
+    raw.headers(1)
+    raw.data(1, wire.grpc_message(b"open"))
+    await raw.until(FrameType.DATA, 1)
+    stopping = asyncio.create_task(echo.server.stop(5))
+    await raw.until(FrameType.GOAWAY)
+    raw.data(1, wire.grpc_message(b"last"), end_stream=True)
+    body, trailers = await raw.call_result(1)
+    assert body == wire.grpc_message(b"last")
+    assert trailers[b"grpc-status"] == b"0"
+    await asyncio.wait_for(stopping, 2)  # well before the grace
+    assert echo.calls.cancelled == 0
