@@ -22,6 +22,7 @@ PURE_MODULES = [
     "pointsman_collector.normalize",
     "pointsman_picker.resolution",
     "pointsman_picker.scheduling",
+    "pointsman_picker.h2grpc.wire",
     "pointsman_sim.engine",
     "pointsman_sim.fleet",
     "pointsman_sim.calibration",
