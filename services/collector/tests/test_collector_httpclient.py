@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from pointsman_collector.errors import FetchError
-from pointsman_collector.httpclient import HttpClient
+from pointsman_collector.httpclient import INITIAL_BUFFER, HttpClient
 from pointsman_devstack.ports import free_port
 
 PAGE = b"vllm:num_requests_waiting 3\n" * 100  # 2.8 KB
@@ -38,6 +38,27 @@ async def test_reads_every_framing_and_reuses_the_connection_when_allowed(
     finally:
         await client.aclose()
     assert (server.requests, server.connections) == (3, connections)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [{}, {"chunk_size": 2048}, {"chunk_size": 100_000}, {"unframed": True}],
+    ids=["content-length", "chunked", "one big chunk", "until close"],
+)
+async def test_pages_larger_than_the_buffer_then_smaller_ones_come_whole(
+    pod_server, reply: dict[str, object]
+) -> None:
+    # The connection's buffer grows for the big page and is reused: what the small page leaves of the
+    # big one in it must never show in the small one's body.
+    big = bytes(range(256)) * (3 * INITIAL_BUFFER // 256 + 7)
+    server = await pod_server(big, **reply)
+    client = client_for(server, max_body=4 * INITIAL_BUFFER)
+    try:
+        for page in (big, PAGE, big, b"x", big):
+            server.serve(page, **reply)
+            assert (await client.get()).body == page
+    finally:
+        await client.aclose()
 
 
 @pytest.mark.parametrize(
