@@ -59,7 +59,11 @@ $(BENCH_VENV)/.installed: requirements/bench.txt
 	touch $@
 
 bench-picker: install $(BENCH_VENV)/.installed ## picker behind Envoy vs Envoy alone vs vllm-router (bench/results/picker.json)
-	$(BIN)/python bench/picker.py
+	@# wrk drives the closed loops; where it cannot be installed (not root, no apt) the bench falls back to
+	@# its Python client and says so in the json.
+	command -v wrk >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq wrk; } || true
+	$(BIN)/python bench/picker.py $(BENCH_PICKER_ARGS)
 
 sim-calibration: install ## the simulator's profiles against the published vLLM figures, check by check
 	$(BIN)/python -m pointsman_sim.calibration

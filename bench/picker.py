@@ -1,17 +1,28 @@
 """`make bench-picker`: the picker behind a real Envoy, side by side with Envoy alone and vllm-router.
 
-One run, one machine, the same three simulator pods behind every setup:
+One run, one machine, the same backend "pods" behind every setup. The pods cost almost nothing: one
+Envoy (``--concurrency 1``) with a listener per pod, each answering POST /v1/completions with a small
+OpenAI completion (with ``usage``) and GET /metrics with a real vLLM page, which the real collector
+scrapes into Redis. So the numbers are the proxies' and the picker's, not a simulator's.
 
-- Envoy alone (no ext_proc, round robin over the pods): the floor;
-- Envoy + one picker (the local stack's Envoy config: #423 tree, body rewrite, response metrics);
-- Envoy + two pickers (two endpoints of the ext_proc cluster);
-- vllm-router (PyPI, Rust) in front of the same pods, when `.venv-bench` has it (the bench target
-  installs it there, pinned in requirements/bench.txt).
+Setups (each front Envoy ``--concurrency 1``, no access log):
 
-Latency: an open-loop client at a fixed rate (``--rate``, default 500 req/s) over keep-alive
-connections; each latency counts from when the request was due, so queueing shows. Throughput: a
-closed loop (``--connections`` clients back to back). CPU per decision: the picker process's user +
-system CPU over the fixed-rate run, per request. Writes bench/results/picker.json.
+- Envoy alone: round robin over the pods, no ext_proc (the floor);
+- Envoy + one picker, Envoy sending requests only (headers SEND + body BUFFERED, the issue's shape);
+- Envoy + one picker with response processing on (the local stack's default);
+- Envoy + two picker processes as two endpoints of the ext_proc cluster (requests only);
+- vllm-router (PyPI, Rust) in front of the same pods (round_robin; its default cache_aware in detail),
+  when `.venv-bench` has it (the bench target installs it there, pinned in requirements/bench.txt).
+
+The picker setups run once per ext_proc server (``--servers``, config ``picker.server``); the top-level
+keys come from the default server, every server's numbers are in ``detail.servers``.
+
+Throughput: ``wrk`` closed loop (``--connections`` back to back; the Python client when wrk is
+missing, noted in the json). Latency: an open-loop Python client at ``--rate`` req/s: each request is
+sent when due on a free keep-alive connection (a new one when none is free, so a slow server never
+holds the sending back) and timed from then; ``send_lag`` says how late the client itself sent.
+CPU per decision: the picker process's user + system CPU over a run / the requests of that run; the
+headline ``cpu_us_per_decision`` is the requests-only shape under wrk. Writes bench/results/picker.json.
 """
 
 from __future__ import annotations
@@ -21,14 +32,17 @@ import asyncio
 import json
 import os
 import platform
-import random
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import yaml
@@ -39,60 +53,332 @@ from decision_cost import bench_director, bench_schedule
 from pointsman_devstack import envoy
 from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import ManagedProcess
-from pointsman_devstack.readiness import http_ok, wait_ready
-from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts
-from pointsman_shared.config import load_config
+from pointsman_devstack.readiness import grpc_serving, http_ok, wait_ready
+from pointsman_devstack.redis_server import RedisServer, start_redis
+from pointsman_devstack.stack import StackPorts, derive_config
+from pointsman_shared import aio
+from pointsman_shared.config import PickerConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "picker.json"
 CONFIG = ROOT / "config" / "local.yaml"
 ROUTER = ROOT / ".venv-bench" / "bin" / "vllm-router"
+METRICS_PAGE = ROOT / "shared" / "tests" / "data" / "vllm-metrics" / "vllm-current-lora.txt"
+VENV_BIN = Path(sys.executable).parent
+HOST = "127.0.0.1"
+PATH = "/v1/completions"
+SERVERS = ("native", "grpcio")
+JSON = {"content-type": "application/json"}
 # Through the picker: a model with targets, so every decision also rewrites the body. Envoy alone and
-# vllm-router cannot rewrite, so they get the base model the pods serve under its own name.
+# vllm-router cannot rewrite, so they get the base model under its own name.
 REWRITTEN = json.dumps({"model": "tweet-summary", "prompt": "Summarize: points.", "max_tokens": 1}).encode()
 PLAIN = json.dumps(
     {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Summarize: points.", "max_tokens": 1}
 ).encode()
-PATH = "/v1/completions"
-JSON = {"content-type": "application/json"}
+COMPLETION = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 0,
+        "model": "tweet-summary-0",
+        "choices": [{"index": 0, "text": " Points.", "finish_reason": "length", "logprobs": None}],
+        "usage": {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7},
+    }
+)
+_TYPE = "type.googleapis.com/"
+_HCM = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_ROUTER = _TYPE + "envoy.extensions.filters.http.router.v3.Router"
 
 
-# -- a small HTTP/1.1 keep-alive client (httpx would cost more CPU than the picker) --------------------
-class Connection:
-    def __init__(self, host: str, port: int, body: bytes) -> None:
-        self._host, self._port = host, port
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._request = (
-            f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
+# -- processes ------------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    async def post(self) -> int:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
-        assert self._reader is not None
-        self._writer.write(self._request)
-        head = await self._reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-        if "content-length" in headers:
-            await self._reader.readexactly(int(headers["content-length"]))
-        elif headers.get("transfer-encoding") == "chunked":
-            while True:
-                size = int((await self._reader.readline()).strip(), 16)
-                await self._reader.readexactly(size + 2)
-                if size == 0:
-                    break
-        if headers.get("connection") == "close":
-            self.close()
-        return status
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
+def calibration_ms() -> float:
+    """A fixed piece of Python work, best of 5: how fast this shared, virtual CPU was just now, so
+    two runs' CPU per request can be compared."""
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        json.loads(json.dumps([{"n": i, "s": str(i)} for i in range(20_000)]))
+        best = min(best, time.perf_counter() - began)
+    return round(best * 1000, 2)
+
+
+def machine_busy_seconds() -> float:
+    """CPU time the whole machine spent busy so far (every core, every process: others' work too)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Usage:
+    """What one run cost: CPU seconds per named process, the wall time, the machine's busy seconds."""
+
+    seconds: dict[str, float]
+    wall: float = 0.0
+    machine: float = 0.0
+
+    def report(self, requests: int) -> dict[str, Any]:
+        """CPU per request of each process, and the cores each used; ``rest_of_machine`` is what
+        the processes measured here do not explain (other people's work on a shared machine)."""
+        rest = self.machine - sum(self.seconds.values())
+        return {
+            "cpu_us_per_request": {n: round(s / max(1, requests) * 1e6, 1) for n, s in self.seconds.items()},
+            "cores": {n: round(s / self.wall, 2) for n, s in self.seconds.items()}
+            | {"rest_of_machine": round(rest / self.wall, 2)},
+        }
+
+
+@dataclass
+class Meter:
+    """CPU of named processes (and this one, the Python client, as ``bench``) over one run."""
+
+    pids: dict[str, int]
+
+    @contextmanager
+    def run(self) -> Iterator[Usage]:
+        pids = {**self.pids, "bench": os.getpid()}
+        usage = Usage({})
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        machine, began = machine_busy_seconds(), time.perf_counter()
+        yield usage
+        usage.wall = time.perf_counter() - began
+        usage.machine = machine_busy_seconds() - machine
+        usage.seconds.update({name: cpu_seconds(pid) - before[name] for name, pid in pids.items()})
+
+
+def start_envoy(doc: dict[str, Any], name: str, run_dir: Path) -> ManagedProcess:
+    admin = doc["admin"]["address"]["socket_address"]["port_value"]
+    path = run_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    argv = [envoy.find_envoy(), "-c", str(path), "--disable-hot-restart", "--concurrency", "1"]
+    argv += ["--log-level", "warning"]
+    process = ManagedProcess(name, argv, env={}, log_path=run_dir / f"{name}.log")
+    with httpx.Client(timeout=1.0) as client:
+        wait_ready(process, http_ok(client, f"http://{HOST}:{admin}/ready"), timeout=30, what="admin /ready")
+    return process
+
+
+def wait_completion(process: ManagedProcess, port: int, body: bytes, timeout: float = 30.0) -> None:
+    """Ready once a completion through ``port`` answers 200 (the whole path works)."""
+    with httpx.Client(timeout=1.0) as client:
+
+        def probe() -> str | None:
+            try:
+                response = client.post(f"http://{HOST}:{port}{PATH}", content=body, headers=JSON)
+            except httpx.HTTPError as exc:
+                return f"{type(exc).__name__} {exc}"
+            return None if response.status_code == 200 else f"HTTP {response.status_code}"
+
+        wait_ready(process, probe, timeout=timeout, what=f"a completion through :{port}")
+
+
+def _address(port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": HOST, "port_value": port}}
+
+
+def _direct(match: dict[str, str], body: str, content_type: str) -> dict[str, Any]:
+    return {
+        "match": match,
+        "direct_response": {"status": 200, "body": {"inline_string": body}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": content_type}}],
+    }
+
+
+def backend_bootstrap(pods: Sequence[int], admin: int) -> dict[str, Any]:
+    """One Envoy, one listener per pod: direct responses for /metrics and for every other path."""
+    page = METRICS_PAGE.read_text(encoding="utf-8")
+    routes = [
+        _direct({"path": "/metrics"}, page, "text/plain; version=0.0.4; charset=utf-8"),
+        _direct({"prefix": "/"}, COMPLETION, "application/json"),
+    ]
+
+    def listener(port: int) -> dict[str, Any]:
+        hcm = {
+            "@type": _HCM,
+            "stat_prefix": f"pod_{port}",
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}],
+            "route_config": {
+                # The default cap (4 KB) is below a real vLLM page.
+                "max_direct_response_body_size_bytes": 1 << 20,
+                "virtual_hosts": [{"name": "pod", "domains": ["*"], "routes": routes}],
+            },
+        }
+        return {
+            "name": f"pod_{port}",
+            "address": _address(port),
+            "filter_chains": [{"filters": [{"name": "hcm", "typed_config": hcm}]}],
+        }
+
+    return {
+        "admin": {"address": _address(admin)},
+        "static_resources": {"listeners": [listener(p) for p in pods]},
+    }
+
+
+def _hcm(doc: dict[str, Any]) -> dict[str, Any]:
+    hcm: dict[str, Any] = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]
+    return hcm
+
+
+def front_bootstrap(pickers: Sequence[int], *, responses: bool) -> tuple[dict[str, Any], int]:
+    """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
+    request would cost Envoy more than some of what is measured); returns it and its gateway port."""
+    gateway = free_port()
+    options = envoy.EnvoyOptions(
+        gateway_listen=f"{HOST}:{gateway}",
+        admin_listen=f"{HOST}:{free_port()}",
+        pickers=tuple(f"{HOST}:{p}" for p in pickers),
+        response_processing=responses,
+    )
+    doc = envoy.bootstrap(options)
+    _hcm(doc).pop("access_log")
+    return doc, gateway
+
+
+def alone_bootstrap(pods: Sequence[int]) -> tuple[dict[str, Any], int]:
+    """The same listener minus ext_proc, round robin over the pods."""
+    doc, gateway = front_bootstrap([1], responses=False)
+    hcm = _hcm(doc)
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
+    hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] = "pods"
+    pod_cluster = next(c for c in doc["static_resources"]["clusters"] if c["name"] == envoy.POD_CLUSTER)
+    doc["static_resources"]["clusters"] = [
+        {
+            "name": "pods",
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "circuit_breakers": pod_cluster["circuit_breakers"],
+            "load_assignment": {
+                "cluster_name": "pods",
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(p)}} for p in pods]}],
+            },
+        }
+    ]
+    return doc, gateway
+
+
+class Pickers:
+    """Redis and the collector over the backend pods; pickers started and stopped per server."""
+
+    def __init__(self, pods: Sequence[int], run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.config = load_config(CONFIG, environ={})
+        self.ports = replace(StackPorts.free(len(pods)), pods=tuple(pods))
+        self.env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+        self.redis: RedisServer = start_redis(self.env, allow_docker=False)
+        self.env.update(REDIS_URL=self.redis.url, PYTHONUNBUFFERED="1")
+        self.processes: list[ManagedProcess] = []
+        try:
+            doc = derive_config(self.config, self.ports, self.redis.url, HOST)
+            path = run_dir / "pointsman.yaml"
+            path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+            argv = [str(VENV_BIN / "pointsman-collector"), "--config", str(path)]
+            self.collector = self._spawn("collector", argv)
+            url = f"http://{HOST}:{self.ports.collector}/readyz"
+            with httpx.Client(timeout=1.0) as client:
+                wait_ready(self.collector, http_ok(client, url), timeout=30, what="/readyz 200")
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_picker(self, name: str, server: str) -> tuple[ManagedProcess, int]:
+        """A picker with ``picker.server: server`` on fresh ports; returns it and its ext_proc port."""
+        ext_proc, health, metrics = free_port(), free_port(), free_port()
+        doc = derive_config(self.config, self.ports, self.redis.url, HOST)
+        doc["picker"].update(
+            listen=f"{HOST}:{ext_proc}",
+            healthListen=f"{HOST}:{health}",
+            metricsListen=f"{HOST}:{metrics}",
+            server=server,
+        )
+        path = self.run_dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        process = self._spawn(name, [str(VENV_BIN / "pointsman-picker"), "--config", str(path)])
+        wait_ready(process, grpc_serving(f"{HOST}:{health}"), timeout=30, what="gRPC health SERVING")
+        return process, ext_proc
+
+    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, env=self.env, log_path=self.run_dir / f"{name}.log")
+        self.processes.append(process)
+        return process
+
+    def stop_picker(self, process: ManagedProcess) -> None:
+        process.stop(5)
+        self.processes.remove(process)
+
+    def stop(self) -> None:
+        while self.processes:
+            self.processes.pop().stop(5)
+        self.redis.stop()
+
+
+# -- load -----------------------------------------------------------------------------------------
+_STATUS = re.compile(rb"HTTP/1\.1 (\d{3})")
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding: *chunked", re.IGNORECASE)
+_CLOSE = re.compile(rb"\r\nconnection: *close", re.IGNORECASE)
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time (an asyncio stream client would cost
+    the load generator more CPU than the picker spends)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._buffer = bytearray()
+        self._done: asyncio.Future[int] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._done is not None and not self._done.done():
+            self._done.set_result(0)
+
+    def send(self, request: bytes) -> asyncio.Future[int]:
+        """The response's status once it has fully arrived (0 if the connection broke)."""
+        assert self.transport is not None
+        self._done = asyncio.get_running_loop().create_future()
+        self._buffer.clear()
+        self.transport.write(request)
+        return self._done
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0 or self._done is None:
+            return
+        head = bytes(self._buffer[:end])
+        length = _LENGTH.search(head)
+        if length is not None:
+            complete = len(self._buffer) - end - 4 >= int(length[1])
+        elif _CHUNKED.search(head):
+            # One response at a time and JSON bodies: the last chunk is the end of the buffer.
+            complete = self._buffer.endswith(b"\r\n0\r\n\r\n")
+        else:
+            complete = True
+        if not complete:
+            return
+        status = _STATUS.match(head)
+        self._done.set_result(int(status[1]) if status else 0)
+        if _CLOSE.search(head) and self.transport is not None:
+            self.transport.close()
+
+
+def http_request(port: int, body: bytes) -> bytes:
+    head = f"POST {PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -100,288 +386,320 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def fixed_rate(
-    port: int, body: bytes, rate: float, seconds: float, connections: int = 32
-) -> dict[str, Any]:
-    """Open loop: request i is due at start + i / rate; latency counts from then."""
-    idle = [Connection("127.0.0.1", port, body) for _ in range(connections)]
-    free = asyncio.Queue[Connection]()
-    for conn in idle:
-        free.put_nowait(conn)
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dict[str, Any]:
+    """Open loop: request i is due at start + i / rate and is sent then on a free connection (a new
+    one when none is free); its latency counts from the send, ``send_lag`` from when it was due."""
+    loop = asyncio.get_running_loop()
+    request = http_request(port, body)
+    free: list[Connection] = []
+    opened: list[Connection] = []
     latencies: list[float] = []
+    lags: list[float] = []
     errors = 0
-    total = int(rate * seconds)
-    start = time.perf_counter() + 0.05
 
     async def one(due: float) -> None:
         nonlocal errors
-        conn = await free.get()
+        sent = time.perf_counter()
+        lags.append(sent - due)
         try:
-            status = await conn.post()
-        except (OSError, asyncio.IncompleteReadError, ValueError):
-            conn.close()
+            conn = free.pop() if free else None
+            if conn is None:
+                _, conn = await loop.create_connection(Connection, HOST, port)
+                opened.append(conn)
+            status = await conn.send(request)
+        except OSError:
             status = 0
-        free.put_nowait(conn)
         if status == 200:
-            latencies.append(time.perf_counter() - due)
+            latencies.append(time.perf_counter() - sent)
         else:
             errors += 1
+        if conn is not None and not conn.closed:
+            free.append(conn)
 
-    tasks = []
-    for i in range(total):
-        due = start + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(due)))
+    total = int(rate * seconds)
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter() + 0.05
+    i = 0
+    while i < total:
+        now = time.perf_counter()
+        # Everything due by now goes out at once: the loop's timers are millisecond-coarse.
+        while i < total and start + i / rate <= now:
+            tasks.append(asyncio.create_task(one(start + i / rate)))
+            i += 1
+        if i < total:
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
     await asyncio.gather(*tasks)
-    for conn in idle:
-        conn.close()
+    for conn in opened:
+        if conn.transport is not None:
+            conn.transport.close()
     return {
         "requests": total,
         "errors": errors,
-        "p50_ms": round(percentile(latencies, 0.5) * 1000, 3) if latencies else None,
-        "p99_ms": round(percentile(latencies, 0.99) * 1000, 3) if latencies else None,
+        "p50_ms": _ms(percentile(latencies, 0.5)) if latencies else None,
+        "p99_ms": _ms(percentile(latencies, 0.99)) if latencies else None,
+        "send_lag_p99_ms": _ms(percentile(lags, 0.99)),
+        "connections": len(opened),
     }
 
 
-async def closed_loop(port: int, body: bytes, connections: int, seconds: float) -> float:
-    """Requests per second with ``connections`` clients sending back to back."""
-    done = 0
+async def python_closed_loop(port: int, body: bytes, connections: int, seconds: float) -> dict[str, Any]:
+    """The fallback when wrk is missing: ``connections`` clients back to back (the client's own CPU
+    then caps what it can measure)."""
+    loop = asyncio.get_running_loop()
+    request = http_request(port, body)
+    done = errors = 0
     deadline = time.perf_counter() + seconds
 
     async def client() -> None:
-        nonlocal done
-        conn = Connection("127.0.0.1", port, body)
-        while time.perf_counter() < deadline:
-            if await conn.post() == 200:
+        nonlocal done, errors
+        _, conn = await loop.create_connection(Connection, HOST, port)
+        while time.perf_counter() < deadline and not conn.closed:
+            if await conn.send(request) == 200:
                 done += 1
-        conn.close()
+            else:
+                errors += 1
+        if conn.transport is not None:
+            conn.transport.close()
 
     began = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(connections)))
-    return done / (time.perf_counter() - began)
+    wall = time.perf_counter() - began
+    return {"requests": done + errors, "errors": errors, "per_s": round(done / wall), "client": "python"}
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+_WRK_SCRIPT = """wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [==[%s]==]
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH %%d %%d %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+    e.status, e.connect, e.read, e.write, e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+"""
 
 
-# -- the setups -----------------------------------------------------------------------------------
-def start_stack(run_dir: Path, replicas: int) -> Stack:
-    config = load_config(CONFIG, environ={})
-    options = StackOptions(
-        config_path=CONFIG,
-        run_dir=run_dir,
-        ports=StackPorts.free(len(config.pool.endpoints), picker_replicas=replicas),
-        sim=SimOptions.for_config(config, speedup=1000.0),
-        environ={k: v for k, v in os.environ.items() if k != "REDIS_URL"},
-        envoy_concurrency=1,
-    )
-    stack = Stack(options)
-    stack.start()
-    return stack
+class Load:
+    """Closed-loop load: wrk when installed, else the Python client."""
 
+    def __init__(self, run_dir: Path, connections: int) -> None:
+        self.wrk = shutil.which("wrk")
+        self.connections = connections
+        self._scripts: dict[bytes, Path] = {}
+        self._run_dir = run_dir
 
-def start_envoy(doc: dict[str, Any], name: str, admin: int, run_dir: Path) -> ManagedProcess:
-    path = run_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    argv = [envoy.find_envoy(), "-c", str(path), "--disable-hot-restart", "--concurrency", "1"]
-    process = ManagedProcess(name, argv, env={}, log_path=run_dir / f"{name}.log")
-    with httpx.Client(timeout=1.0) as client:
-        wait_ready(process, http_ok(client, f"http://127.0.0.1:{admin}/ready"), timeout=30, what="ready")
-    return process
-
-
-def envoy_requests_only(stack: Stack, run_dir: Path) -> tuple[ManagedProcess, int]:
-    """A second Envoy in front of the stack's picker that sends it requests only (no responses):
-    the issue's baseline shape (headers SEND + body BUFFERED)."""
-    gateway, admin = free_port(), free_port()
-    options = envoy.EnvoyOptions(
-        gateway_listen=f"127.0.0.1:{gateway}",
-        admin_listen=f"127.0.0.1:{admin}",
-        pickers=(f"127.0.0.1:{stack.ports.picker}",),
-        response_processing=False,
-    )
-    return start_envoy(envoy.bootstrap(options), "envoy-requests-only", admin, run_dir), gateway
-
-
-def envoy_alone(stack: Stack, run_dir: Path) -> tuple[ManagedProcess, int]:
-    """Envoy with the stack's listener minus ext_proc, round robin over the same pods."""
-    gateway, admin = free_port(), free_port()
-    options = envoy.EnvoyOptions(
-        gateway_listen=f"127.0.0.1:{gateway}", admin_listen=f"127.0.0.1:{admin}", pickers=("127.0.0.1:1",)
-    )
-    doc = envoy.bootstrap(options)
-    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"] = hcm["http_filters"][1:]
-    hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] = "pods"
-    hosts = [address.split(":") for address in stack.pod_addresses]
-    doc["static_resources"]["clusters"] = [
-        {
-            "name": "pods",
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {
-                "cluster_name": "pods",
-                "endpoints": [
-                    {
-                        "lb_endpoints": [
-                            {
-                                "endpoint": {
-                                    "address": {"socket_address": {"address": h, "port_value": int(p)}}
-                                }
-                            }
-                            for h, p in hosts
-                        ]
-                    }
-                ],
-            },
+    def closed_loop(self, port: int, body: bytes, seconds: float) -> dict[str, Any]:
+        if self.wrk is None:
+            return aio.run(python_closed_loop(port, body, self.connections, seconds))
+        if body not in self._scripts:
+            path = self._run_dir / f"wrk-{len(self._scripts)}.lua"
+            path.write_text(_WRK_SCRIPT % body.decode(), encoding="utf-8")
+            self._scripts[body] = path
+        argv = [self.wrk, "-t1", f"-c{self.connections}", f"-d{seconds:g}s", "-s", str(self._scripts[body])]
+        argv.append(f"http://{HOST}:{port}{PATH}")
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert child.stdout is not None
+        output = child.stdout.read().decode()
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        line = next((ln for ln in output.splitlines() if ln.startswith("BENCH ")), None)
+        if child.returncode != 0 or line is None:
+            raise RuntimeError(f"wrk failed ({child.returncode}):\n{output}")
+        requests, micros, non2xx, *socket_errors, p50, p99 = (int(x) for x in line.split()[1:])
+        return {
+            "requests": requests,
+            "errors": non2xx + sum(socket_errors),
+            "per_s": round(requests / (micros / 1e6)),
+            "p50_ms": round(p50 / 1000, 3),
+            "p99_ms": round(p99 / 1000, 3),
+            "client": "wrk",
+            "wrk_cpu_s": usage.ru_utime + usage.ru_stime,
         }
-    ]
-    return start_envoy(doc, "envoy-alone", admin, run_dir), gateway
 
 
-def vllm_router(stack: Stack, run_dir: Path, policy: str) -> tuple[ManagedProcess, int] | None:
-    if not ROUTER.is_file():
-        return None
-    port = free_port()
-    urls = [f"http://{address}" for address in stack.pod_addresses]
-    argv = [
-        str(ROUTER),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--policy",
-        policy,
-        "--worker-urls",
-        *urls,
-    ]
-    # Its default logs a line per request, which this script's output pump would pay for.
-    argv += ["--prometheus-port", str(free_port()), "--log-level", "warning"]
-    log_path = run_dir / f"vllm-router-{policy}.log"
-    process = ManagedProcess("vllm-router", argv, env=dict(os.environ), log_path=log_path)
-    with httpx.Client(timeout=1.0) as client:
+# -- the runs -------------------------------------------------------------------------------------
+@dataclass
+class Bench:
+    run_dir: Path
+    load: Load
+    rate: float
+    seconds: float
+    backend: ManagedProcess
 
-        def ready() -> str | None:
-            try:
-                client.post(f"http://127.0.0.1:{port}{PATH}", content=PLAIN, headers=JSON).raise_for_status()
-            except httpx.HTTPError as exc:
-                return str(exc)
+    def closed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
+        self.load.closed_loop(port, body, 1.0)  # warm-up: connections, caches, the picker's first streams
+        with meter.run() as usage:
+            result = self.load.closed_loop(port, body, self.seconds)
+        if "wrk_cpu_s" in result:
+            usage.seconds["wrk"] = result.pop("wrk_cpu_s")
+        return result | usage.report(result["requests"])
+
+    def fixed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
+        with meter.run() as usage:
+            result: dict[str, Any] = aio.run(fixed_rate(port, body, self.rate, self.seconds))
+        return result | usage.report(result["requests"])
+
+    def envoy_alone(self, pods: Sequence[int]) -> dict[str, Any]:
+        doc, port = alone_bootstrap(pods)
+        alone = start_envoy(doc, "envoy-alone", self.run_dir)
+        try:
+            wait_completion(alone, port, PLAIN)
+            meter = Meter({"envoy": alone.pid, "backend": self.backend.pid})
+            return {
+                "closed_loop": self.closed(port, PLAIN, meter),
+                "fixed_rate": self.fixed(port, PLAIN, meter),
+            }
+        finally:
+            alone.stop(5)
+
+    def pickers(self, stack: Pickers, server: str) -> dict[str, Any]:
+        first, first_port = stack.start_picker(f"picker-{server}", server)
+        second, second_port = stack.start_picker(f"picker-{server}-2", server)
+        try:
+            setups = {
+                "requests_only": front_bootstrap([first_port], responses=False),
+                "with_responses": front_bootstrap([first_port], responses=True),
+                "two_processes": front_bootstrap([first_port, second_port], responses=False),
+            }
+            out: dict[str, Any] = {}
+            for name, (doc, port) in setups.items():
+                proxy = start_envoy(doc, f"envoy-{server}-{name}", self.run_dir)
+                try:
+                    wait_completion(proxy, port, REWRITTEN)
+                    pids = {"picker": first.pid, "envoy": proxy.pid, "backend": self.backend.pid}
+                    if name == "two_processes":
+                        meter = Meter({**pids, "picker_2": second.pid})
+                        out[name] = {"closed_loop": self.closed(port, REWRITTEN, meter)}
+                        continue
+                    # The second picker idles meanwhile: its CPU is what a picker spends without
+                    # traffic (snapshots, config polls), to tell apart from the per-request cost.
+                    meter = Meter({**pids, "idle_picker": second.pid, "collector": stack.collector.pid})
+                    out[name] = {
+                        "closed_loop": self.closed(port, REWRITTEN, meter),
+                        "fixed_rate": self.fixed(port, REWRITTEN, meter),
+                    }
+                finally:
+                    proxy.stop(5)
+            return out
+        finally:
+            stack.stop_picker(second)
+            stack.stop_picker(first)
+
+    def vllm_router(self, pods: Sequence[int], policy: str) -> dict[str, Any] | None:
+        if not ROUTER.is_file():
             return None
-
-        wait_ready(process, ready, timeout=60, what="a completion through the router")
-    return process, port
-
-
-def run(coroutine: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(coroutine())  # type: ignore[arg-type]
+        port = free_port()
+        argv = [str(ROUTER), "--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls"]
+        argv += [f"http://{HOST}:{p}" for p in pods]
+        # Its default logs a line per request, which the output pump would pay for.
+        argv += ["--prometheus-port", str(free_port()), "--log-level", "warning"]
+        log_path = self.run_dir / f"vllm-router-{policy}.log"
+        router = ManagedProcess("vllm-router", argv, env=dict(os.environ), log_path=log_path)
+        try:
+            wait_completion(router, port, PLAIN, timeout=60)
+            meter = Meter({"router": router.pid, "backend": self.backend.pid})
+            out = {"fixed_rate": self.fixed(port, PLAIN, meter)}
+            if policy == "round_robin":
+                out["closed_loop"] = self.closed(port, PLAIN, meter)
+            return out
+        finally:
+            router.stop(5)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rate", type=float, default=500.0)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--rate", type=float, default=500.0, help="req/s of the latency runs")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measured run")
+    parser.add_argument("--connections", type=int, default=16, help="wrk's connections")
+    parser.add_argument("--pods", type=int, default=3, help="backend pods (listeners)")
+    parser.add_argument("--servers", default=",".join(SERVERS), help="picker.server values to run")
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    rate, seconds = args.rate, args.seconds
-    random.seed(0)
-    out: dict[str, Any] = {}
+    servers = [s for s in args.servers.split(",") if s]
+    unknown = set(servers) - set(SERVERS)
+    if not servers or unknown:
+        parser.error(f"--servers: choose from {', '.join(SERVERS)}")
+    default_server = PickerConfig().server
+    headline_server = default_server if default_server in servers else servers[0]
+
+    began = time.perf_counter()
+    calibration = [calibration_ms()]
     schedule = bench_schedule()
     director = bench_director()
-    out["decision_us_512_pods"] = round(schedule["schedule_critical_512_pods_us"], 1)
-    detail: dict[str, Any] = {
-        "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
-        "director_route_us": {k: round(v, 1) for k, v in director.items()},
-    }
     run_dir = Path(tempfile.mkdtemp(prefix="bench-picker-"))
-    stack = start_stack(run_dir / "one", 1)
+    pods = [free_port() for _ in range(args.pods)]
+    backend = start_envoy(backend_bootstrap(pods, free_port()), "backend", run_dir)
+    load = Load(run_dir, args.connections)
+    bench = Bench(run_dir, load, args.rate, args.seconds, backend)
+    by_server: dict[str, Any] = {}
     try:
-        alone, alone_port = envoy_alone(stack, run_dir)
+        alone = bench.envoy_alone(pods)
+        stack = Pickers(pods, run_dir)
         try:
-            base = run(lambda: fixed_rate(alone_port, PLAIN, rate, seconds))
-            detail["envoy_alone_max_per_s"] = round(
-                run(lambda: closed_loop(alone_port, PLAIN, args.connections, seconds))
-            )
+            for server in servers:
+                by_server[server] = bench.pickers(stack, server)
         finally:
-            alone.stop(5)
-        picker = next(p for p in stack.processes if p.name == "picker")
-        pid = picker.pid
-        before = cpu_seconds(pid)
-        with_picker = run(lambda: fixed_rate(stack.ports.gateway, REWRITTEN, rate, seconds))
-        spent = cpu_seconds(pid) - before
-        out["cpu_us_per_decision"] = round(spent / with_picker["requests"] * 1e6, 1)
-        before = cpu_seconds(pid)
-        began = time.perf_counter()
-        out["max_decisions_per_s"] = round(
-            run(lambda: closed_loop(stack.ports.gateway, REWRITTEN, args.connections, seconds))
-        )
-        busy = (cpu_seconds(pid) - before) / (time.perf_counter() - began)
-        detail["picker_cpu_share_at_max"] = round(busy, 2)
-        lean, lean_port = envoy_requests_only(stack, run_dir)
-        try:
-            before = cpu_seconds(pid)
-            requests_only = run(lambda: fixed_rate(lean_port, REWRITTEN, rate, seconds))
-            spent = cpu_seconds(pid) - before
-        finally:
-            lean.stop(5)
-        detail["requests_only"] = {
-            "cpu_us_per_decision": round(spent / requests_only["requests"] * 1e6, 1),
-            "p50_ms": requests_only["p50_ms"],
-            "p99_ms": requests_only["p99_ms"],
-            "errors": requests_only["errors"],
-        }
-        # round_robin spreads like Envoy alone, so the difference is the router itself; its default,
-        # cache_aware, sends this benchmark's identical prompts to one pod (kept in the detail).
-        by_policy: dict[str, dict[str, Any]] = {}
-        for policy in ("round_robin", "cache_aware"):
-            router = vllm_router(stack, run_dir, policy)
-            if router is None:
-                by_policy[policy] = {"p50_ms": None, "p99_ms": None, "note": "run `make bench-picker`"}
-                continue
-            try:
-                by_policy[policy] = run(lambda port=router[1]: fixed_rate(port, PLAIN, rate, seconds))
-            finally:
-                router[0].stop(5)
-        routed = by_policy["round_robin"]
-        detail["vllm_router_cache_aware"] = by_policy["cache_aware"]
+            stack.stop()
+        routers = {policy: bench.vllm_router(pods, policy) for policy in ("round_robin", "cache_aware")}
     finally:
-        stack.stop()
-    two = start_stack(run_dir / "two", 2)
-    try:
-        out["two_process_max_decisions_per_s"] = round(
-            run(lambda: closed_loop(two.ports.gateway, REWRITTEN, args.connections, seconds))
-        )
-    finally:
-        two.stop()
-    out.update(
-        rate=rate,
-        envoy_p50_ms=base["p50_ms"],
-        envoy_p99_ms=base["p99_ms"],
-        picker_p50_ms=with_picker["p50_ms"],
-        picker_p99_ms=with_picker["p99_ms"],
-        vllm_router_p50_ms=routed["p50_ms"],
-        vllm_router_p99_ms=routed["p99_ms"],
-    )
-    detail["errors"] = {
-        "envoy": base["errors"],
-        "picker": with_picker["errors"],
-        "vllm_router": routed.get("errors"),
-    }
-    result = {
-        **out,
-        "detail": detail,
+        backend.stop(5)
+
+    calibration.append(calibration_ms())
+    head = by_server[headline_server]
+    router = routers["round_robin"]
+    router_fixed = router["fixed_rate"] if router else {}
+    result: dict[str, Any] = {
+        "cpu_us_per_decision": head["requests_only"]["closed_loop"]["cpu_us_per_request"]["picker"],
+        "max_decisions_per_s": head["requests_only"]["closed_loop"]["per_s"],
+        "rate": args.rate,
+        "envoy_p50_ms": alone["fixed_rate"]["p50_ms"],
+        "envoy_p99_ms": alone["fixed_rate"]["p99_ms"],
+        "picker_p50_ms": head["requests_only"]["fixed_rate"]["p50_ms"],
+        "picker_p99_ms": head["requests_only"]["fixed_rate"]["p99_ms"],
+        "decision_us_512_pods": round(schedule["schedule_critical_512_pods_us"], 1),
+        "two_process_max_decisions_per_s": head["two_processes"]["closed_loop"]["per_s"],
+        "vllm_router_p50_ms": router_fixed.get("p50_ms"),
+        "vllm_router_p99_ms": router_fixed.get("p99_ms"),
+        "server": headline_server,
+        "detail": {
+            "what": {
+                "top_level": (
+                    f"picker.server={headline_server}; Envoy sending the picker requests only (headers "
+                    "SEND + body BUFFERED, the issue's shape); cpu_us_per_decision and "
+                    "max_decisions_per_s under the closed loop, p50/p99 at `rate`"
+                ),
+                "cpu_us_per_request": (
+                    "each process's user + system CPU over the run / the run's requests; bench is this "
+                    "script (the open-loop client), idle_picker a second picker without traffic"
+                ),
+                "cores": "CPU seconds / wall seconds; rest_of_machine: busy CPU none of these explain",
+                "closed_loop": (
+                    f"wrk -t1 -c{args.connections}" if load.wrk else "Python client: wrk is not installed"
+                ),
+                "fixed_rate": "open-loop Python client, latency from each request's send",
+                "backend": f"{args.pods} pods: one Envoy, direct responses, /metrics = {METRICS_PAGE.name}",
+                "picker_body": REWRITTEN.decode(),
+            },
+            "envoy_alone": alone,
+            "servers": by_server,
+            "vllm_router": routers,
+            "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
+            "director_route_us": {k: round(v, 1) for k, v in director.items()},
+        },
         "machine": {
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
+            "calibration_ms_before_after": calibration,
         },
-        "seconds_per_run": seconds,
+        "seconds_per_run": args.seconds,
+        "bench_seconds": round(time.perf_counter() - began),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0
