@@ -20,9 +20,12 @@ keys come from the default server, every server's numbers are in ``detail.server
 Throughput: ``wrk`` closed loop (``--connections`` back to back; the Python client when wrk is
 missing, noted in the json). Latency: an open-loop Python client at ``--rate`` req/s: each request is
 sent when due on a free keep-alive connection (a new one when none is free, so a slow server never
-holds the sending back) and timed from then; ``send_lag`` says how late the client itself sent.
+holds the sending back) and timed from then; ``send_lag_p99_ms`` says how late the client itself sent.
 CPU per decision: the picker process's user + system CPU over a run / the requests of that run; the
-headline ``cpu_us_per_decision`` is the requests-only shape under wrk. Writes bench/results/picker.json.
+headline ``cpu_us_per_decision`` is the requests-only shape under wrk. Every run also records each
+process's CPU per request, the cores the rest of the machine used, and a CPU-speed calibration: on a
+shared virtual machine the same setup's CPU per request moves with them. Writes
+bench/results/picker.json.
 """
 
 from __future__ import annotations
@@ -329,8 +332,8 @@ _CLOSE = re.compile(rb"\r\nconnection: *close", re.IGNORECASE)
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection, one request at a time (an asyncio stream client would cost
-    the load generator more CPU than the picker spends)."""
+    """One keep-alive HTTP/1.1 connection, one request at a time: a Protocol with a minimal response
+    parser, to keep the load generator's CPU (measured as ``bench``) small."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -531,16 +534,18 @@ class Bench:
 
     def closed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
         self.load.closed_loop(port, body, 1.0)  # warm-up: connections, caches, the picker's first streams
+        calibration = calibration_ms()
         with meter.run() as usage:
             result = self.load.closed_loop(port, body, self.seconds)
         if "wrk_cpu_s" in result:
             usage.seconds["wrk"] = result.pop("wrk_cpu_s")
-        return result | usage.report(result["requests"])
+        return result | usage.report(result["requests"]) | {"calibration_ms": calibration}
 
     def fixed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
+        calibration = calibration_ms()
         with meter.run() as usage:
             result: dict[str, Any] = aio.run(fixed_rate(port, body, self.rate, self.seconds))
-        return result | usage.report(result["requests"])
+        return result | usage.report(result["requests"]) | {"calibration_ms": calibration}
 
     def envoy_alone(self, pods: Sequence[int]) -> dict[str, Any]:
         doc, port = alone_bootstrap(pods)
@@ -626,7 +631,6 @@ def main() -> int:
     headline_server = default_server if default_server in servers else servers[0]
 
     began = time.perf_counter()
-    calibration = [calibration_ms()]
     schedule = bench_schedule()
     director = bench_director()
     run_dir = Path(tempfile.mkdtemp(prefix="bench-picker-"))
@@ -647,7 +651,6 @@ def main() -> int:
     finally:
         backend.stop(5)
 
-    calibration.append(calibration_ms())
     head = by_server[headline_server]
     router = routers["round_robin"]
     router_fixed = router["fixed_rate"] if router else {}
@@ -676,6 +679,7 @@ def main() -> int:
                     "script (the open-loop client), idle_picker a second picker without traffic"
                 ),
                 "cores": "CPU seconds / wall seconds; rest_of_machine: busy CPU none of these explain",
+                "calibration_ms": "a fixed piece of Python work just before the run: how fast the CPU was",
                 "closed_loop": (
                     f"wrk -t1 -c{args.connections}" if load.wrk else "Python client: wrk is not installed"
                 ),
@@ -693,7 +697,6 @@ def main() -> int:
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
-            "calibration_ms_before_after": calibration,
         },
         "seconds_per_run": args.seconds,
         "bench_seconds": round(time.perf_counter() - began),
