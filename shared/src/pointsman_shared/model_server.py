@@ -1,8 +1,8 @@
 """What a model server's ``/metrics`` page says about its load, by metric names given as data.
 
-``read_page`` is pure: page text and a name mapping in, the page's numbers out, with what the page did
-not say left as ``None``. Merging with the pod's previous state (the last-known adapter rule) is the
-collector's job.
+``read_page`` is pure: a page (UTF-8 bytes as served, or text) and a name mapping in, the page's
+numbers out, with what the page did not say left as ``None``. Merging with the pod's previous state (the
+last-known adapter rule) is the collector's job.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pointsman_shared.promparse import PromParseError, Sample, is_finite, read_family
+from pointsman_shared.promparse import PromParseError, Sample, as_bytes, is_finite, read_family
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +80,9 @@ class PageMetrics:
     idle_max_lora: int | None = None
 
 
-def read_page(text: str, names: MetricNames) -> PageMetrics:
+def read_page(page: str | bytes, names: MetricNames) -> PageMetrics:
     """Raise :class:`MetricsPageError` (reason ``parse`` or ``value``) when the page is unusable."""
+    text = as_bytes(page)
     try:
         waiting = read_family(text, names.waiting)
         running = read_family(text, names.running)

@@ -51,12 +51,15 @@ def check_content_type(content_type: bytes | None) -> None:
 
 def parse_page(body: bytes, names: MetricNames) -> PageMetrics:
     """Read a page body; raise :class:`PageError` when it cannot be used."""
+    # The page is read as bytes: checking that it is ASCII reads it once without writing a 50 KB
+    # string, and only a page that is not needs the full UTF-8 check.
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PageError("parse", "page is not UTF-8") from None
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PageError("parse", "page is not UTF-8") from None
-    try:
-        page = read_page(text, names)
+        page = read_page(body, names)
     except MetricsPageError as exc:
         raise PageError.from_metrics_error(exc) from None
     if page.waiting is None and page.running is None and page.kv_cache_usage is None and page.lora is None:
