@@ -85,3 +85,13 @@ def test_labels_are_read_only_when_asked() -> None:
     (sample,) = read_family('m{a="x",b="y\\"z"} 1\n', "m")
     assert sample.label_text == 'a="x",b="y\\"z"'
     assert sample.labels == {"a": "x", "b": 'y"z'}
+
+
+def test_bytes_and_text_read_alike() -> None:
+    page = 'm{a="caf\u00e9"} 1\n'
+    assert read_family(page.encode(), "m") == read_family(page, "m") == [('a="caf\u00e9"', 1.0)]
+
+
+def test_labels_that_are_not_utf8_raise() -> None:
+    with pytest.raises(PromParseError, match="not UTF-8"):
+        read_family(b'm{a="\xff"} 1\n', "m")
