@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -237,6 +238,9 @@ async def serve(
         log.error("cannot start: %s", exc)
         await app.stop(0)
         return 1
+    # What start-up built lives as long as the process: keep full collections from walking it on
+    # every pass (a full collection of the started picker took 36 ms, a latency spike per pass).
+    gc.freeze()
     watch: asyncio.Task[None] | None = None
     if config_path is not None:
         watcher = ConfigWatcher(config_path, load_checked, app.reconfigure)
