@@ -614,6 +614,23 @@ class Bench:
             router.stop(5)
 
 
+BUSY_CORES = 0.25
+
+
+def busy_runs(tree: dict[str, Any], path: str = "") -> list[str]:
+    """``path (cores)`` of every run in ``tree`` during which the rest of the machine was busy."""
+    found: list[str] = []
+    for key, value in tree.items():
+        if not isinstance(value, dict):
+            continue
+        here = f"{path}.{key}" if path else key
+        rest = value.get("cores", {}).get("rest_of_machine")
+        if rest is not None and rest > BUSY_CORES:
+            found.append(f"{here} ({rest} cores)")
+        found += busy_runs(value, here)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=float, default=500.0, help="req/s of the latency runs")
@@ -678,7 +695,11 @@ def main() -> int:
                     "each process's user + system CPU over the run / the run's requests; bench is this "
                     "script (the open-loop client), idle_picker a second picker without traffic"
                 ),
-                "cores": "CPU seconds / wall seconds; rest_of_machine: busy CPU none of these explain",
+                "cores": (
+                    "CPU seconds / wall seconds; rest_of_machine: busy CPU none of these explain (the "
+                    "machine's count is tick-sampled: rough at low load, it can even go below 0)"
+                ),
+                "busy_runs": f"runs during which others used more than {BUSY_CORES} core",
                 "calibration_ms": "a fixed piece of Python work just before the run: how fast the CPU was",
                 "closed_loop": (
                     f"wrk -t1 -c{args.connections}" if load.wrk else "Python client: wrk is not installed"
@@ -689,6 +710,7 @@ def main() -> int:
             },
             "envoy_alone": alone,
             "servers": by_server,
+            "busy_runs": busy_runs({"envoy_alone": alone, "servers": by_server, "vllm_router": routers}),
             "vllm_router": routers,
             "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
             "director_route_us": {k: round(v, 1) for k, v in director.items()},
