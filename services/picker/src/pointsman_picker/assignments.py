@@ -10,65 +10,78 @@ Pure: time comes in as arguments.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import replace
 
 from pointsman_picker.scheduling import Pods
-from pointsman_shared.snapshot import PodSnapshot
+from pointsman_picker.scheduling.indexed import with_waiting
 
 
 class RecentAssignments:
     def __init__(self) -> None:
         self._times: dict[str, deque[float]] = {}
-        # The last adjusted copy per pod: between two snapshots only the picked pod's count changes,
-        # so one copy per decision is made instead of one per counted pod.
-        self._copies: dict[str, tuple[PodSnapshot, int, PodSnapshot]] = {}
+        # Between two snapshots a decision changes one pod's count, so :meth:`adjust` starts from its
+        # last result and looks only at the pods recorded or released since, until the snapshot changes
+        # or an assignment may have passed the horizon (none is older than ``_oldest``).
+        self._dirty: set[str] = set()
+        self._oldest = math.inf
+        self._pods: Pods | None = None  # the last adjust's snapshot pods
+        self._adjusted: Pods = ()  # and its result
+        self._counts: dict[str, int] = {}  # the counts in that result
 
     def record(self, address: str, now: float) -> None:
         times = self._times.get(address)
         if times is None:
             times = self._times[address] = deque()
         times.append(now)
+        self._dirty.add(address)
+        self._oldest = min(self._oldest, now)
 
     def release(self, address: str, at: float) -> None:
         """The request assigned at ``at`` has ended: it no longer waits anywhere, scraped or not."""
         times = self._times.get(address)
         if times and at in times:
             times.remove(at)
+            self._dirty.add(address)
 
     def pending(self) -> dict[str, int]:
         """Assignments per pod not yet seen by a scrape (as of the last :meth:`adjust`)."""
-        return {address: len(times) for address, times in self._times.items()}
+        return dict(self._counts)
 
     def adjust(self, pods: Pods, index: Mapping[str, int], *, not_before: float) -> Pods:
         """``pods`` with each one's unseen assignments added to ``waiting``; forgets the seen ones, those
         older than ``not_before`` (a pod whose scrapes stopped must not collect them forever) and pods
         no longer in ``pods``. ``index`` gives each pod's position in ``pods`` by address, so the cost
         follows the pods with assignments, not the pool."""
-        if not self._times:
-            self._copies = {}
-            return pods
-        times_of, copies = self._times, self._copies
-        self._times, self._copies = {}, {}
-        adjusted: list[PodSnapshot] | None = None
-        for address, times in times_of.items():
+        incremental = pods is self._pods and not_before < self._oldest
+        if incremental:
+            addresses = list(self._dirty)
+        else:
+            self._pods, self._adjusted, self._counts = pods, pods, {}
+            addresses = list(self._times)
+        self._dirty = set()
+        changes: dict[int, int] = {}
+        for address in addresses:
+            times = self._times.get(address)
             i = index.get(address)
-            if i is None:
+            if times is None or i is None:
+                self._times.pop(address, None)
                 continue
             pod = pods[i]
             seen = max(pod.updated_at, not_before)
             while times and times[0] <= seen:
                 times.popleft()
-            if not times:
-                continue
-            self._times[address] = times
             count = len(times)
-            copy = copies.get(address)
-            if copy is None or copy[0] is not pod or copy[1] != count:
-                copy = (pod, count, replace(pod, waiting=pod.waiting + count))
-            self._copies[address] = copy
-            if adjusted is None:
-                adjusted = list(pods)
-            adjusted[i] = copy[2]
-        return pods if adjusted is None else tuple(adjusted)
+            if not count:
+                del self._times[address]
+            if count != self._counts.get(address, 0):
+                changes[i] = pod.waiting + count
+                if count:
+                    self._counts[address] = count
+                else:
+                    del self._counts[address]
+        if not incremental:
+            self._oldest = min((times[0] for times in self._times.values()), default=math.inf)
+        self._adjusted = with_waiting(self._adjusted, changes)
+        return self._adjusted

@@ -20,6 +20,7 @@ from pointsman_picker.extproc.request import parse_body, with_model
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.resolution import ModelCatalog
 from pointsman_picker.scheduling import NoCapacity, Pods, Scheduler, SchedulingRequest
+from pointsman_picker.scheduling.indexed import IndexedPods
 from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.snapshots import SnapshotSource
 from pointsman_shared.config import FailureMode, PointsmanConfig
@@ -51,8 +52,8 @@ def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pod
 
 class UsablePods:
     """:func:`usable_pods` of the current snapshot, kept until the snapshot changes or the first of its
-    fresh pods ages past ``max_age`` (a 512-pod pool costs a pass per request otherwise), with each
-    pod's position by address."""
+    fresh pods ages past ``max_age`` (a 512-pod pool costs a pass per request otherwise), indexed for
+    the filters, with each pod's position by address."""
 
     def __init__(self, max_age: float) -> None:
         self._max_age = max_age
@@ -65,7 +66,7 @@ class UsablePods:
     def get(self, snapshot: PoolSnapshot, now: float) -> tuple[Pods, bool]:
         if snapshot is not self._snapshot or now > self._until:
             pods, stale = usable_pods(snapshot, now, self._max_age)
-            self._snapshot, self._pods, self._stale = snapshot, pods, stale
+            self._snapshot, self._pods, self._stale = snapshot, IndexedPods(pods), stale
             # Stale pods turn fresh only with a new snapshot; fresh ones turn stale one by one.
             self._until = math.inf if stale else min(p.updated_at for p in pods) + self._max_age
             self.index = {pod.address: i for i, pod in enumerate(pods)}

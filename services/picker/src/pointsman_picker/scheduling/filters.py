@@ -10,8 +10,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pointsman_picker.scheduling.indexed import facts_of, lora_groups, select
 from pointsman_picker.scheduling.types import Pods, SchedulingRequest
-from pointsman_shared.snapshot import PodSnapshot
 
 FilterFn = Callable[[SchedulingRequest, Pods, random.Random], Pods]
 # Told each node's name and how many pods it kept, in walk order (to explain a decision, to time nodes).
@@ -65,7 +65,12 @@ def low_queueing(threshold: int) -> FilterFn:
     """Pods with fewer than ``threshold`` waiting requests."""
 
     def apply(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
-        return tuple(pod for pod in pods if pod.waiting < threshold)
+        facts = facts_of(pods)
+        if facts is None:
+            return tuple([pod for pod in pods if pod.waiting < threshold])
+        if facts.max_waiting(pods) < threshold:
+            return pods  # the usual case, known without a pass
+        return select(pods, [q < threshold for q in facts.waiting(pods)])
 
     return apply
 
@@ -74,6 +79,9 @@ def has_capacity(queue_threshold: int, kv_threshold: float) -> FilterFn:
     """Pods with at most ``queue_threshold`` waiting requests and KV-cache use at most ``kv_threshold``."""
 
     def apply(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+        facts = facts_of(pods)
+        if facts is not None:
+            return select(pods, facts.capacity(pods, queue_threshold, kv_threshold))
         return tuple(
             pod for pod in pods if pod.waiting <= queue_threshold and pod.kv_cache_usage <= kv_threshold
         )
@@ -85,20 +93,42 @@ def least_queuing(request: SchedulingRequest, pods: Pods, rng: random.Random) ->
     """Pods in the lowest band of waiting queue: ``min <= q <= min + (max - min) // n``."""
     if not pods:
         return ()
-    waiting = [pod.waiting for pod in pods]
-    low = min(waiting)
-    limit = low + (max(waiting) - low) // len(pods)
-    return tuple(pod for pod in pods if pod.waiting <= limit)
+    facts = facts_of(pods)
+    if facts is not None:
+        waiting = facts.waiting(pods)
+        low = min(waiting)
+        limit = low + (facts.max_waiting(pods) - low) // len(pods)
+        return select(pods, [q <= limit for q in waiting])
+    low = high = pods[0].waiting
+    for pod in pods:  # one pass for both ends: the pods after the first filter are a plain tuple
+        q = pod.waiting
+        if q < low:
+            low = q
+        elif q > high:
+            high = q
+    limit = low + (high - low) // len(pods)
+    return tuple([pod for pod in pods if pod.waiting <= limit])
 
 
 def least_kv_cache(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
     """Pods in the lowest band of KV-cache use: ``min <= kv <= min + (max - min) / n``."""
     if not pods:
         return ()
-    usage = [pod.kv_cache_usage for pod in pods]
-    low = min(usage)
-    limit = low + (max(usage) - low) / len(pods)
-    return tuple(pod for pod in pods if pod.kv_cache_usage <= limit)
+    facts = facts_of(pods)
+    if facts is not None:
+        usage = facts.columns.kv(pods)
+        low = min(usage)
+        limit = low + (max(usage) - low) / len(pods)
+        return select(pods, [kv <= limit for kv in usage])
+    low = high = pods[0].kv_cache_usage
+    for pod in pods:
+        kv = pod.kv_cache_usage
+        if kv < low:
+            low = kv
+        elif kv > high:
+            high = kv
+    limit = low + (high - low) / len(pods)
+    return tuple([pod for pod in pods if pod.kv_cache_usage <= limit])
 
 
 def lora_soft_affinity(threshold: float) -> FilterFn:
@@ -106,17 +136,15 @@ def lora_soft_affinity(threshold: float) -> FilterFn:
     a free adapter slot; whichever group is non-empty when only one is."""
 
     def apply(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
-        target = request.target_model
-        affinity: list[PodSnapshot] = []
-        available: list[PodSnapshot] = []
-        for pod in pods:
-            active = pod.active_adapters
-            if target is not None and target in active:
-                affinity.append(pod)
-            elif len(active) < pod.max_lora:
-                available.append(pod)
-        if affinity and available:
-            return tuple(affinity) if rng.random() < threshold else tuple(available)
-        return tuple(affinity or available)
+        facts = facts_of(pods)
+        if facts is not None:
+            affinity, any_affinity, available, any_available = facts.columns.lora(pods, request.target_model)
+            if any_affinity and any_available:
+                return select(pods, affinity if rng.random() < threshold else available)
+            return select(pods, affinity if any_affinity else available)
+        near, free = lora_groups(pods, request.target_model)
+        if near and free and rng.random() >= threshold:
+            near = free
+        return tuple([pods[i] for i in near or free])
 
     return apply

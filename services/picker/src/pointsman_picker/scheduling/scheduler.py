@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from pointsman_picker.scheduling.filters import Node, StepSink
+from pointsman_picker.scheduling.indexed import IndexedPods
 from pointsman_picker.scheduling.plugins import random_picker
 from pointsman_picker.scheduling.profiles import DEFAULT, Profile
 from pointsman_picker.scheduling.tree import build_tree
@@ -26,8 +27,16 @@ class Scheduler:
             profile = Profile(DEFAULT, (root if root is not None else build_tree(config),), (), random_picker)
         self.profile = profile
         self._rng = rng
+        # The last plain pods scheduled, indexed: a caller that passes the same pods again (the pods
+        # of one snapshot) gets the facts worked out for them once.
+        self._plain: Pods = ()
+        self._indexed = IndexedPods(())
 
     def schedule(
         self, request: SchedulingRequest, pods: Pods, on_step: StepSink | None = None
     ) -> PodSnapshot | NoCapacity:
+        if not isinstance(pods, IndexedPods):
+            if pods is not self._plain:
+                self._plain, self._indexed = pods, IndexedPods(pods)
+            pods = self._indexed
         return self.profile.schedule(request, pods, self._rng, on_step)
