@@ -20,7 +20,7 @@ from pointsman_picker.extproc.request import parse_body, with_model
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.resolution import ModelCatalog
 from pointsman_picker.scheduling import NoCapacity, Pods, Scheduler, SchedulingRequest
-from pointsman_picker.scheduling.indexed import IndexedPods
+from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.snapshots import SnapshotSource
 from pointsman_shared.config import FailureMode, PointsmanConfig
@@ -66,7 +66,7 @@ class UsablePods:
     def get(self, snapshot: PoolSnapshot, now: float) -> tuple[Pods, bool]:
         if snapshot is not self._snapshot or now > self._until:
             pods, stale = usable_pods(snapshot, now, self._max_age)
-            self._snapshot, self._pods, self._stale = snapshot, IndexedPods(pods), stale
+            self._snapshot, self._pods, self._stale = snapshot, indexed(pods), stale
             # Stale pods turn fresh only with a new snapshot; fresh ones turn stale one by one.
             self._until = math.inf if stale else min(p.updated_at for p in pods) + self._max_age
             self.index = {pod.address: i for i, pod in enumerate(pods)}

@@ -7,8 +7,10 @@ Pure: the randomness of the target draw comes from the caller's ``random.Random`
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 from pointsman_shared.config import InferenceModel
 
@@ -21,31 +23,35 @@ class Resolution:
 
 
 class ModelCatalog:
-    """The config's InferenceModels by ``modelName``."""
+    """The config's InferenceModels by ``modelName``, each with its resolutions built once."""
 
     def __init__(self, models: Iterable[InferenceModel]) -> None:
-        self._models = {model.model_name: model for model in models}
+        self._models = {model.model_name: _Targets(model) for model in models}
 
     def resolve(self, name: str, rng: random.Random) -> Resolution | None:
         """``None`` when no InferenceModel has this name."""
-        model = self._models.get(name)
-        if model is None:
-            return None
-        return Resolution(model=name, target=draw_target(model, rng), critical=model.critical)
+        targets = self._models.get(name)
+        return None if targets is None else targets.draw(rng)
 
 
-def draw_target(model: InferenceModel, rng: random.Random) -> str:
-    """No targets: the model name itself; weights unset: uniform; else a weighted draw."""
-    targets = model.target_models
-    if not targets:
-        return model.model_name
-    weights = [target.weight for target in targets]
-    if any(weight is None for weight in weights):  # the config allows all weights or none
-        return targets[rng.randrange(len(targets))].name
-    draw = rng.randrange(sum(weight or 0 for weight in weights))
-    for target in targets:
-        weight = target.weight or 0
-        if draw < weight:
-            return target.name
-        draw -= weight
-    raise AssertionError("unreachable: the draw is below the sum of the weights")
+class _Targets:
+    """One model's resolutions, one per target, and how to draw one: no targets, the model name itself;
+    weights unset, uniform; else a weighted draw (the config allows all weights or none)."""
+
+    __slots__ = ("_bounds", "_draw", "_resolutions")
+
+    def __init__(self, model: InferenceModel) -> None:
+        targets = model.target_models
+        names = [target.name for target in targets] or [model.model_name]
+        self._resolutions = tuple(Resolution(model.model_name, name, model.critical) for name in names)
+        self._draw = bool(targets)
+        weights = [target.weight for target in targets]
+        # A draw below bound i and not below bound i - 1 picks target i.
+        self._bounds = list(accumulate(w or 0 for w in weights)) if weights and None not in weights else None
+
+    def draw(self, rng: random.Random) -> Resolution:
+        if self._bounds is not None:
+            return self._resolutions[bisect_right(self._bounds, rng.randrange(self._bounds[-1]))]
+        if self._draw:
+            return self._resolutions[rng.randrange(len(self._resolutions))]
+        return self._resolutions[0]

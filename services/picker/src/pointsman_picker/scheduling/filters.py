@@ -83,7 +83,7 @@ def has_capacity(queue_threshold: int, kv_threshold: float) -> FilterFn:
         if facts is not None:
             return select(pods, facts.capacity(pods, queue_threshold, kv_threshold))
         return tuple(
-            pod for pod in pods if pod.waiting <= queue_threshold and pod.kv_cache_usage <= kv_threshold
+            [pod for pod in pods if pod.waiting <= queue_threshold and pod.kv_cache_usage <= kv_threshold]
         )
 
     return apply
@@ -100,7 +100,7 @@ def least_queuing(request: SchedulingRequest, pods: Pods, rng: random.Random) ->
         limit = low + (facts.max_waiting(pods) - low) // len(pods)
         return select(pods, [q <= limit for q in waiting])
     low = high = pods[0].waiting
-    for pod in pods:  # one pass for both ends: the pods after the first filter are a plain tuple
+    for pod in pods:  # both ends in one pass: cheaper than min() and max() of a column
         q = pod.waiting
         if q < low:
             low = q

@@ -22,6 +22,7 @@ from itertools import compress
 from pointsman_picker.scheduling.types import Pods
 from pointsman_shared.snapshot import PodSnapshot
 
+SMALL = 16  # below this many pods, plain passes beat the facts' bookkeeping
 Mask = Sequence[int]  # one truth value per pod
 # Per target model: (affinity mask, any affinity, free-slot mask, any free slot).
 LoraMasks = tuple[bytes, bool, bytes, bool]
@@ -121,6 +122,11 @@ class IndexedPods(tuple[PodSnapshot, ...]):
         self = super().__new__(cls, pods)
         self.facts = facts if facts is not None else _Facts(_Columns())
         return self
+
+
+def indexed(pods: Pods) -> Pods:
+    """``pods`` indexed, unless a pass over them costs less than keeping their facts."""
+    return pods if isinstance(pods, IndexedPods) or len(pods) < SMALL else IndexedPods(pods)
 
 
 def facts_of(pods: Pods) -> _Facts | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from pointsman_picker.scheduling.filters import Node, StepSink
-from pointsman_picker.scheduling.indexed import IndexedPods
+from pointsman_picker.scheduling.indexed import IndexedPods, indexed
 from pointsman_picker.scheduling.plugins import random_picker
 from pointsman_picker.scheduling.profiles import DEFAULT, Profile
 from pointsman_picker.scheduling.tree import build_tree
@@ -30,13 +30,14 @@ class Scheduler:
         # The last plain pods scheduled, indexed: a caller that passes the same pods again (the pods
         # of one snapshot) gets the facts worked out for them once.
         self._plain: Pods = ()
-        self._indexed = IndexedPods(())
+        self._indexed: Pods = ()
 
     def schedule(
         self, request: SchedulingRequest, pods: Pods, on_step: StepSink | None = None
     ) -> PodSnapshot | NoCapacity:
-        if not isinstance(pods, IndexedPods):
-            if pods is not self._plain:
-                self._plain, self._indexed = pods, IndexedPods(pods)
+        if pods is self._plain:
             pods = self._indexed
+        elif not isinstance(pods, IndexedPods):
+            self._plain = pods
+            pods = self._indexed = indexed(pods)
         return self.profile.schedule(request, pods, self._rng, on_step)
