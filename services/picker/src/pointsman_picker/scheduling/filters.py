@@ -138,10 +138,11 @@ def lora_soft_affinity(threshold: float) -> FilterFn:
     def apply(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
         facts = facts_of(pods)
         if facts is not None:
-            affinity, any_affinity, available, any_available = facts.columns.lora(pods, request.target_model)
-            if any_affinity and any_available:
-                return select(pods, affinity if rng.random() < threshold else available)
-            return select(pods, affinity if any_affinity else available)
+            take_near, take_free = facts.columns.lora(pods, request.target_model)
+            if take_near and take_free and rng.random() >= threshold:
+                take_near = take_free
+            take = take_near or take_free
+            return () if take is None else take(pods)
         near, free = lora_groups(pods, request.target_model)
         if near and free and rng.random() >= threshold:
             near = free

@@ -3,7 +3,7 @@
 A snapshot serves every decision for ~50 ms, and at 512 pods one Python pass over the pool costs
 about as much as a whole decision may. :class:`IndexedPods` is a tuple of pods like any other, so
 every filter takes it; the #423 filters ask its facts (the waiting and KV-cache columns, the most
-waiting, per-target LoRA masks, capacity masks) instead of making their pass. Each fact is worked
+waiting, per-target LoRA groups, capacity masks) instead of making their pass. Each fact is worked
 out when first asked for and then kept with the pool's pods, which serve every decision until the
 next snapshot. The picker adds its own recent assignments to ``waiting`` before each decision:
 :func:`with_waiting` makes those pods and carries the facts over, updated at the changed positions
@@ -16,16 +16,19 @@ subset of a quarter of the pool).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress
+from operator import itemgetter
 
 from pointsman_picker.scheduling.types import Pods
 from pointsman_shared.snapshot import PodSnapshot
 
 SMALL = 16  # below this many pods, plain passes beat the facts' bookkeeping
 Mask = Sequence[int]  # one truth value per pod
-# Per target model: (affinity mask, any affinity, free-slot mask, any free slot).
-LoraMasks = tuple[bytes, bool, bytes, bool]
+Take = Callable[[Pods], Pods]
+# Per target model: what takes the pods with the target active, and the other pods with a free
+# adapter slot; None for a group without pods.
+LoraGroups = tuple[Take | None, Take | None]
 
 
 class _Columns:
@@ -35,20 +38,19 @@ class _Columns:
 
     def __init__(self) -> None:
         self._kv: list[float] | None = None
-        self._lora: dict[str | None, LoraMasks] = {}
+        self._lora: dict[str | None, LoraGroups] = {}
 
     def kv(self, pods: Pods) -> list[float]:
         if self._kv is None:
             self._kv = [pod.kv_cache_usage for pod in pods]
         return self._kv
 
-    def lora(self, pods: Pods, target: str | None) -> LoraMasks:
-        masks = self._lora.get(target)
-        if masks is None:
+    def lora(self, pods: Pods, target: str | None) -> LoraGroups:
+        groups = self._lora.get(target)
+        if groups is None:
             near, free = lora_groups(pods, target)
-            masks = (_mask(len(pods), near), bool(near), _mask(len(pods), free), bool(free))
-            self._lora[target] = masks
-        return masks
+            groups = self._lora[target] = (_take(near), _take(free))
+        return groups
 
 
 class _Facts:
@@ -151,11 +153,14 @@ def lora_groups(pods: Pods, target: str | None) -> tuple[list[int], list[int]]:
     return affinity, available
 
 
-def _mask(size: int, positions: list[int]) -> bytes:
-    mask = bytearray(size)
-    for i in positions:
-        mask[i] = 1
-    return bytes(mask)
+def _take(positions: list[int]) -> Take | None:
+    """Takes the pods at ``positions``: an itemgetter, whose cost follows the pods taken, not the pool."""
+    if not positions:
+        return None
+    if len(positions) == 1:
+        return lambda pods: (pods[positions[0]],)
+    take: Take = itemgetter(*positions)
+    return take
 
 
 def with_waiting(pods: Pods, waiting: Mapping[int, int]) -> Pods:
