@@ -7,10 +7,18 @@ last-known adapter rule) is the collector's job.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
-from pointsman_shared.promparse import PromParseError, Sample, as_bytes, is_finite, read_family
+from pointsman_shared.promparse import (
+    PromParseError,
+    Sample,
+    as_bytes,
+    is_finite,
+    parse_labels,
+    read_family,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,24 +141,31 @@ def _newest_lora(samples: list[Sample], names: MetricNames) -> tuple[LoraState |
     none, the newest idle series' max_lora instead.
 
     Series are visited newest first (page order among equal values), so usually only the newest one's
-    labels are ever split: label parsing is most of the cost of a page.
+    labels are ever read, and a label set seen before is not split again: label parsing was most of
+    the cost of a page.
     """
-    newest_idle: dict[str, str] | None = None
+    newest_idle: str | None = None
     for sample in sorted(samples, key=_age_key):
-        labels = sample.labels
-        running = labels.get(names.running_adapters_label, "")
-        waiting = labels.get(names.waiting_adapters_label, "")
-        if running.strip(" ,") or waiting.strip(" ,"):
-            state = LoraState(
-                max_lora=_max_lora(labels, names),
-                running=_adapters(running),
-                waiting=_adapters(waiting),
-            )
+        state, max_lora = _series(sample.label_text, names)
+        if state is not None:
             return state, None
         # An idle server's series says nothing about which adapters are loaded.
         if newest_idle is None:
-            newest_idle = labels
-    return None, (None if newest_idle is None else _max_lora(newest_idle, names))
+            newest_idle = max_lora
+    return None, (None if newest_idle is None else _max_lora(newest_idle))
+
+
+# A server keeps one series per adapter set it has reported; the newest is mostly one seen before.
+@functools.lru_cache(maxsize=1024)
+def _series(label_text: str, names: MetricNames) -> tuple[LoraState | None, str]:
+    """One LoRA series: its state (``None`` when it names no adapter) and its max_lora as written."""
+    labels = parse_labels(label_text)
+    running = labels.get(names.running_adapters_label, "")
+    waiting = labels.get(names.waiting_adapters_label, "")
+    max_lora = labels.get(names.max_lora_label, "")
+    if running.strip(" ,") or waiting.strip(" ,"):
+        return LoraState(_max_lora(max_lora), _adapters(running), _adapters(waiting)), max_lora
+    return None, max_lora
 
 
 def _age_key(sample: Sample) -> float:
@@ -158,8 +173,7 @@ def _age_key(sample: Sample) -> float:
     return -sample.value if is_finite(sample.value) else math.inf
 
 
-def _max_lora(labels: dict[str, str], names: MetricNames) -> int:
-    raw = labels.get(names.max_lora_label, "")
+def _max_lora(raw: str) -> int:
     try:
         max_lora = int(raw)
     except ValueError:

@@ -47,7 +47,12 @@ class Sample(NamedTuple):
 
     @property
     def labels(self) -> dict[str, str]:
-        return {key: _unescape(value) for key, value in _LABEL.findall(self.label_text)}
+        return parse_labels(self.label_text)
+
+
+def parse_labels(label_text: str) -> dict[str, str]:
+    """A sample's label set, as written between its braces (checked when the sample was read)."""
+    return {key: _unescape(value) for key, value in _LABEL.findall(label_text)}
 
 
 def read_samples(page: str | bytes, names: Iterable[str]) -> dict[str, list[Sample]]:
