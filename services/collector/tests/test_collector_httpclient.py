@@ -112,6 +112,24 @@ async def test_failures_have_a_reason_and_the_next_request_reconnects(
     assert server.connections == 2
 
 
+async def test_a_slow_answer_times_out_after_many_quick_ones(pod_server) -> None:
+    # The deadline timer outlives requests: set for an early one, it must still catch a later one.
+    server = await pod_server(PAGE)
+    client = client_for(server, timeout=0.1)
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        while loop.time() - started < 0.25:
+            assert (await client.get()).body == PAGE
+            await asyncio.sleep(0.01)
+        server.serve(PAGE, delay=0.5)
+        with pytest.raises(FetchError) as excinfo:
+            await client.get()
+        assert excinfo.value.reason == "timeout"
+    finally:
+        await client.aclose()
+
+
 async def test_a_closed_port_is_a_connect_error() -> None:
     client = HttpClient("127.0.0.1", free_port(), timeout=1.0)
     try:
