@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from pointsman_picker.h2grpc import wire
@@ -179,3 +181,22 @@ def test_grpc_messages_are_length_prefixed():
     raw = wire.grpc_message(b"hello")
     assert raw == b"\x00\x00\x00\x00\x05hello"
     assert wire.grpc_prefix(raw, 0) == (0, 5)
+
+
+def test_blocks_from_an_independent_encoder_decode_to_what_it_encoded():
+    # hpack's own encoder as the peer: indexing, eviction from a small table, Huffman, never-indexed
+    # values, and the same Huffman literal again and again (the decoder caches those).
+    from hpack import Encoder
+    from hpack.struct import NeverIndexedHeaderTuple
+
+    encoder = Encoder()
+    encoder.header_table_size = 256
+    decoder = HeaderDecoder()
+    rng = random.Random(7)
+    for i in range(300):
+        fields = [(b":method", b"POST"), (b":path", b"/envoy.service.ext_proc.v3.ExternalProcessor/Process")]
+        fields += [
+            (f"x-h{rng.randrange(40)}".encode(), f"v{rng.randrange(10 ** rng.randrange(1, 8))}".encode())
+        ]
+        fields.append(NeverIndexedHeaderTuple(b"x-request-id", f"rid-{i}".encode()))
+        assert decoder.decode(encoder.encode(fields)) == [tuple(f) for f in fields]
