@@ -9,9 +9,9 @@ next snapshot. The picker adds its own recent assignments to ``waiting`` before 
 :func:`with_waiting` makes those pods and carries the facts over, updated at the changed positions
 only.
 
-What a filter keeps is a plain tuple: a subset is new with every decision, and working out its facts
-would cost the pass they save (a compress of the pool's columns is no cheaper than a pass over a
-subset of a quarter of the pool).
+What a filter keeps is a plain tuple (or the pods themselves, when it keeps them all): a subset is new
+with every decision, and working out its facts would cost the pass they save (a compress of the
+pool's columns is no cheaper than a pass over a subset of a quarter of the pool).
 """
 
 from __future__ import annotations
@@ -34,11 +34,14 @@ LoraGroups = tuple[Take | None, Take | None]
 class _Columns:
     """What ``waiting`` does not change: shared by the copies :func:`with_waiting` makes."""
 
-    __slots__ = ("_kv", "_lora")
+    __slots__ = ("_kv", "_lora", "copies")
 
     def __init__(self) -> None:
         self._kv: list[float] | None = None
         self._lora: dict[str | None, LoraGroups] = {}
+        # The pod at a position with another waiting, by (position, waiting): counts go up and down
+        # by one as requests are assigned and end, and a copy costs more than the rest of with_waiting.
+        self.copies: dict[tuple[int, int], PodSnapshot] = {}
 
     def kv(self, pods: Pods) -> list[float]:
         if self._kv is None:
@@ -169,10 +172,16 @@ def with_waiting(pods: Pods, waiting: Mapping[int, int]) -> Pods:
     if not waiting:
         return pods
     items = list(pods)
-    for i, n in waiting.items():
-        items[i] = _copy(items[i], n)
     if not isinstance(pods, IndexedPods):
+        for i, n in waiting.items():
+            items[i] = _copy(items[i], n)
         return tuple(items)
+    copies = pods.facts.columns.copies
+    for i, n in waiting.items():
+        copy = copies.get((i, n))
+        if copy is None:
+            copy = copies[(i, n)] = _copy(items[i], n)
+        items[i] = copy
     return IndexedPods(items, pods.facts.changed(pods, waiting))
 
 
