@@ -128,7 +128,28 @@ def test_fail_open_without_pods_uses_a_configured_endpoint(snap):
     )
 
 
-def test_fail_open_without_endpoints_is_503():
+def test_fail_open_without_endpoints_uses_the_last_known_healthy_pods():
+    # A pool discovered in Kubernetes lists no endpoints: FailOpen falls back to the pods of the newest
+    # snapshot it saw, once the collector has gone quiet.
+    source = StaticSnapshotSource(
+        snapshot(
+            pod(address="10.2.0.1:8000"), pod(address="10.2.0.2:8000"), pod(address="sick", healthy=False)
+        )
+    )
+    clock = [NOW]
+    cfg = config(pool={"name": "test-pool", "failureMode": "FailOpen"})
+    d = Director(
+        cfg, source, PickerMetrics(CollectorRegistry()), rng=random.Random(1), clock=lambda: clock[0]
+    )
+    d.route(BODY)
+    source.set(None)  # the snapshot expired in Redis
+    assert {d.route(BODY).endpoint for _ in range(30)} == {"10.2.0.1:8000", "10.2.0.2:8000"}
+    clock[0] += 60
+    source.set(snapshot(pod(address="10.2.0.9:8000", healthy=False)))  # stale, and all pods unhealthy
+    assert {d.route(BODY).endpoint for _ in range(10)} == {"10.2.0.9:8000"}
+
+
+def test_fail_open_without_endpoints_or_any_pod_seen_is_503():
     d, _ = director(None, pool={"name": "test-pool", "failureMode": "FailOpen"})
     with pytest.raises(errors.NoEndpoints):
         d.route(BODY)

@@ -88,6 +88,8 @@ class Director:
         self._rng = rng
         self._clock = clock
         self._assignments: RecentAssignments | None = None
+        self._last_seen: PoolSnapshot | None = None
+        self._last_known: tuple[str, ...] = ()  # see _remember
         self._decisions = 0
         self.reconfigure(config)
 
@@ -127,6 +129,15 @@ class Director:
         self._metrics.routed(resolution.model, resolution.target, self.profile, result)
         return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now, path)
 
+    def _remember(self, snapshot: PoolSnapshot) -> None:
+        """Keep the pods of the newest snapshot that had any (its healthy ones, if it had such): where
+        FailOpen sends requests when no fresh snapshot is left and the config lists no endpoints (a
+        pool discovered in Kubernetes)."""
+        self._last_seen = snapshot
+        healthy = tuple(pod.address for pod in snapshot.pods if pod.healthy)
+        if healthy or snapshot.pods:
+            self._last_known = healthy or tuple(pod.address for pod in snapshot.pods)
+
     def release(self, routing: Routing) -> None:
         """The request ``routing`` sent is over (its stream closed)."""
         if self._assignments is not None:
@@ -138,13 +149,16 @@ class Director:
         """The endpoint, the decision's ``result`` label, the time of the decision and, with
         ``explain``, the path taken."""
         snapshot = self._source.current()
+        if snapshot is not self._last_seen and snapshot is not None:
+            self._remember(snapshot)
         now = self._clock()
         if snapshot is not None and now - snapshot.published_at > self._max_staleness:
             snapshot = None  # the collector (or Redis) has gone quiet: the failure mode decides
         pods, stale = self._usable.get(snapshot, now) if snapshot else ((), True)
         if not pods:
-            if self._fail_open and self._endpoints:
-                endpoint = self._endpoints[self._rng.randrange(len(self._endpoints))]
+            fallback = self._endpoints or self._last_known
+            if self._fail_open and fallback:
+                endpoint = fallback[self._rng.randrange(len(fallback))]
                 return endpoint, "fail_open", now, f"no fresh pods; failureMode FailOpen; picked {endpoint}"
             why = "no fresh pool snapshot" if snapshot is None else "the pool has no pods"
             raise errors.NoEndpoints(why, model=model, target=target)
