@@ -166,6 +166,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def __init__(self, max_body: int) -> None:
         self._max_body = max_body
+        # Kept: asyncio.get_running_loop() makes a getpid() system call each time.
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray(INITIAL_BUFFER)
         self._view = memoryview(self._buffer)
@@ -187,7 +189,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-        self._closed = asyncio.get_running_loop().create_future()
+        self._closed = self._loop.create_future()
         self.open = True
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -225,7 +227,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def request(self, data: bytes, *, reused: bool) -> asyncio.Future[Response]:
         assert self._transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         self._reused = reused
         self._head = None
         self._chunks = []
