@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pointsman_collector.errors import ScrapeTimeout
-from pointsman_collector.loop import Collector
+from pointsman_collector.loop import Collector, SlotClock
 from pointsman_collector.normalize import HealthPolicy
 from pointsman_shared.model_server import PageMetrics
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
@@ -250,3 +250,20 @@ async def test_stop_ends_a_pod_loop_whose_scrape_turned_the_cancel_into_a_timeou
     async with asyncio.timeout(3.0):  # a guard against the hang, not a speed goal
         await h.collector.stop()
     assert h.scrapers["a"].closed
+
+
+async def test_sleepers_of_one_slot_wake_together_and_a_cancelled_one_wakes_no_other() -> None:
+    loop = asyncio.get_running_loop()
+    clock = SlotClock(0.02)
+    slot = (round(loop.time() / 0.02) + 3) * 0.02
+    # Times within half a slot of one slot share it.
+    first, cancelled, second, later = (clock.wake_at(loop, slot + d) for d in (0.004, 0, -0.004, 0.04))
+    cancelled.cancel()
+    await first
+    assert second.done()
+    assert not later.done()
+    await later
+    past = clock.wake_at(loop, loop.time() - 1.0)
+    assert not past.done()  # not at once: a pod loop that never waits must still yield to the loop
+    await past
+    clock.close()
