@@ -2,9 +2,12 @@
 
 Three processes: this one runs the collector (the real ``Collector``, ``PodScraper`` and Redis sink on
 uvloop) and is the one whose CPU is measured; a pod server answers ``/metrics`` for every pod on its own
-loopback port with the fixture pages of ``shared/tests/data/vllm-metrics``; an observer subscribes to the
-pool's Redis channel. Every ``TICK`` seconds the pod server raises every pod's waiting queue to the tick
-number; the observer notes when each pod's new value first shows in Redis (its metric age).
+loopback port with the fixture pages of ``shared/tests/data/vllm-metrics`` grown to real vLLM sizes
+(``PAGE_KB``: each of the four pages at each of 27, 45, 64 and 82 KB, the pods taking the 16 in turn,
+54 KB on average; ``--page-kb N`` grows every page to N KB instead, 0 keeps the 16-30 KB fixtures); an
+observer subscribes to the pool's Redis channel. Every ``TICK`` seconds the pod server raises every
+pod's waiting queue to the tick number; the observer notes when each pod's new value first shows in
+Redis (its metric age).
 
 - paced: ``--pods`` pods every ``--interval``; CPU of this process per wall second, and late rounds (the
   pod server sees two requests to one pod more than 1.5 intervals apart);
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import faulthandler
 import functools
+import gc
 import itertools
 import json
 import multiprocessing
@@ -48,6 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "collector.json"
 PAGES = ROOT / "shared" / "tests" / "data" / "vllm-metrics"
 PAGE_NAMES = ("vllm-current-lora", "vllm-data-parallel", "vllm-idle-newest-empty", "vllm-v0-lora")
+# Real vLLM pages run 27-82 KB (more histograms and label sets than the fixtures): the default spreads
+# the pods over that range.
+PAGE_KB = (27, 45, 64, 82)
 POOL = "bench-pool"
 TICK = 0.2  # how often every pod's waiting queue changes
 WARMUP = 2.0
@@ -82,9 +89,11 @@ class _PagePod(asyncio.Protocol):
 
 
 class _PodServer:
-    def __init__(self, start: float, page_kb: int) -> None:
+    def __init__(self, start: float, page_kb: tuple[int, ...]) -> None:
         self._start = start
-        pages = [_grown((PAGES / f"{name}.txt").read_bytes(), page_kb) for name in PAGE_NAMES]
+        fixtures = [(PAGES / f"{name}.txt").read_bytes() for name in PAGE_NAMES]
+        pages = [_grown(page, kb) for kb in page_kb for page in fixtures]
+        self.variants = len(pages)
         self._templates = [_template(page) for page in pages]
         self._tick = -1
         self._responses: list[bytes] = []
@@ -98,19 +107,18 @@ class _PodServer:
 
 
 def _grown(page: bytes, page_kb: int) -> bytes:
-    """The page with renamed copies of its own families after it until it is ``page_kb`` KB.
+    """The page with renamed copies of its own families after it, cut at a line end near ``page_kb`` KB.
 
     Real vLLM pages run 27-82 KB: more histograms and label sets than the fixtures. vLLM registers its
     gauges (the families Pointsman reads) before its histograms, so the growth goes after them; what
     grows is what crosses the socket and what a family absent from the page is searched through.
     """
-    copies = []
-    size = len(page)
-    while size < page_kb * 1024:
-        copy = page.replace(b"vllm:", b"vllm:copy%d_" % len(copies))
-        copies.append(copy)
-        size += len(copy)
-    return page + b"".join(copies)
+    grown = page
+    while len(grown) < page_kb * 1024:
+        grown += page.replace(b"vllm:", b"vllm:copy%d_" % (len(grown) // len(page)))
+    if len(grown) == len(page):
+        return page
+    return grown[: grown.index(b"\n", page_kb * 1024) + 1]
 
 
 def _template(page: bytes) -> list[bytes]:
@@ -131,31 +139,36 @@ def _render(template: list[bytes], tick: int) -> bytes:
     return head % len(body) + body
 
 
-def serve_pods(pods: int, start: float, page_kb: int, conn: Connection) -> None:
+def serve_pods(pods: int, start: float, page_kb: tuple[int, ...], conn: Connection) -> None:
     uvloop.run(_serve_pods(pods, start, page_kb, conn))
 
 
-async def _serve_pods(pods: int, start: float, page_kb: int, conn: Connection) -> None:
+async def _serve_pods(pods: int, start: float, page_kb: tuple[int, ...], conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     server = _PodServer(start, page_kb)
     arrivals: list[list[float]] = [[] for _ in range(pods)]
     listeners = []
     for i in range(pods):
-        pod = functools.partial(_PagePod, server, i % len(PAGE_NAMES), arrivals[i])
+        pod = functools.partial(_PagePod, server, i % server.variants, arrivals[i])
         listener = await loop.create_server(pod, "127.0.0.1", 0)
         listeners.append(listener)
-    conn.send([listener.sockets[0].getsockname()[1] for listener in listeners])
+    sizes = [len(server.response(i % server.variants)) for i in range(pods)]
+    conn.send(([listener.sockets[0].getsockname()[1] for listener in listeners], sizes))
     # Commands: "mark" starts a new window (returns nothing), "gaps" returns the window's numbers.
+    # The pod server's own CPU says whether it, not the collector, bounds the flat-out rate.
+    marked = (time.monotonic(), time.process_time())
     while True:
         command = await loop.run_in_executor(None, conn.recv)
         if command == "stop":
             break
         if command == "mark":
+            marked = (time.monotonic(), time.process_time())
             for times in arrivals:
                 times.clear()
         elif command == "gaps":
             gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times)]
-            conn.send({"requests": sum(len(t) for t in arrivals), "gaps": gaps})
+            cpu = (time.process_time() - marked[1]) / (time.monotonic() - marked[0])
+            conn.send({"requests": sum(len(t) for t in arrivals), "gaps": gaps, "cpu_fraction": cpu})
     for listener in listeners:
         listener.close()
 
@@ -189,8 +202,8 @@ async def _observe(redis_url: str, start: float, conn: Connection) -> None:
                 conn.send(ages)
                 ages = []
             command = loop.run_in_executor(None, conn.recv)
-        if message is None:
-            continue
+        if message is None or not recording:
+            continue  # idle, it leaves the other core to the pod server (flat out: ~2,000 publishes/s)
         data = await client.hget(keys.snapshot, "data")
         now = time.time()
         if data is None:
@@ -201,7 +214,7 @@ async def _observe(redis_url: str, start: float, conn: Connection) -> None:
             value, before = pod["waiting"], seen.get(pod["address"], -1)
             if value > before:
                 seen[pod["address"]] = value
-                if recording and before >= 0:
+                if before >= 0:
                     # Every tick passed since the last value seen changed this pod; the oldest counts.
                     ages.extend(now - (start + tick * TICK) for tick in range(before + 1, value + 1))
     await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -237,6 +250,7 @@ async def run_collector(
         obs_conn.send("record")
     scrapes = _scrapes(registry)
     errors = _errors(registry)
+    publishes = _publishes(registry)
     wall, cpu = time.monotonic(), time.process_time()
     await asyncio.sleep(seconds)
     wall, cpu = time.monotonic() - wall, time.process_time() - cpu
@@ -244,6 +258,7 @@ async def run_collector(
         obs_conn.send("idle")
     scrapes = _scrapes(registry) - scrapes
     errors = _errors(registry) - errors
+    publishes = _publishes(registry) - publishes
     await collector.stop()
     await sink.aclose()
     return {
@@ -252,11 +267,16 @@ async def run_collector(
         "scrapes_per_s": scrapes / wall,
         "cpu_us_per_scrape": cpu / scrapes * 1e6 if scrapes else float("nan"),
         "errors": errors,
+        "publishes_per_s": publishes / wall,
     }
 
 
 def _scrapes(registry: CollectorRegistry) -> float:
     return registry.get_sample_value("pointsman_collector_scrape_duration_seconds_count") or 0.0
+
+
+def _publishes(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("pointsman_collector_publish_duration_seconds_count") or 0.0
 
 
 def _errors(registry: CollectorRegistry) -> float:
@@ -281,7 +301,9 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between scrapes of a pod")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each phase")
-    parser.add_argument("--page-kb", type=int, default=0, help="grow every page to at least this size")
+    parser.add_argument(
+        "--page-kb", type=int, help="grow every page to at least this size (0: the fixtures as they are)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     # A bounded run: if anything hangs, print every thread's stack and exit instead of waiting forever.
@@ -290,19 +312,19 @@ def main() -> int:
     environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     redis = start_redis(environ, allow_docker=False)
     spawn = multiprocessing.get_context("spawn")
+    page_kb = PAGE_KB if args.page_kb is None else (args.page_kb,)
     start = time.time() + 1.0
     pods_conn, pods_end = spawn.Pipe()
     obs_conn, obs_end = spawn.Pipe()
-    pod_server = spawn.Process(
-        target=serve_pods, args=(args.pods, start, args.page_kb, pods_end), daemon=True
-    )
+    pod_server = spawn.Process(target=serve_pods, args=(args.pods, start, page_kb, pods_end), daemon=True)
     observer = spawn.Process(target=observe, args=(redis.url, start, obs_end), daemon=True)
     try:
         pod_server.start()
         observer.start()
-        ports = pods_conn.recv()
+        ports, sizes = pods_conn.recv()
         obs_conn.recv()
 
+        gc.freeze()  # as pointsman-collector does before it starts its loop
         paced = uvloop.run(run_collector(ports, redis.url, args.interval, args.seconds, pods_conn, obs_conn))
         obs_conn.send("ages")
         ages = [age * 1000 for age in obs_conn.recv()]
@@ -311,6 +333,8 @@ def main() -> int:
         late = sum(gap > LATE * args.interval for gap in window["gaps"])
 
         flat = uvloop.run(run_collector(ports, redis.url, 0.001, min(args.seconds, 5.0), pods_conn))
+        pods_conn.send("gaps")
+        flat_pods_cpu = pods_conn.recv()["cpu_fraction"]
     finally:
         for conn in (pods_conn, obs_conn):
             with contextlib.suppress(OSError):
@@ -323,7 +347,8 @@ def main() -> int:
 
     result: dict[str, Any] = {
         "pods": args.pods,
-        "page_kb": args.page_kb,
+        "page_kb": list(page_kb),
+        "response_kb_min_mean_max": [round(f(sizes) / 1024, 1) for f in (min, statistics.mean, max)],
         "interval_ms": args.interval * 1000,
         "paced_cpu_fraction": round(paced["cpu_fraction"], 3),
         "paced_cpu_us_per_scrape": round(paced["cpu_us_per_scrape"], 1),
@@ -332,11 +357,15 @@ def main() -> int:
         "paced_rounds": len(window["gaps"]),
         "paced_gap_p99_ms": round(percentile(window["gaps"], 0.99) * 1000, 1),
         "paced_scrape_errors": paced["errors"],
+        "paced_publishes_per_s": round(paced["publishes_per_s"]),
         "max_scrapes_per_s": round(flat["scrapes_per_s"]),
         "flat_out_cpu_us_per_scrape": round(flat["cpu_us_per_scrape"], 1),
         # What one whole core would do: the machine is shared, so wall-clock throughput varies.
         "flat_out_scrapes_per_cpu_s": round(1e6 / flat["cpu_us_per_scrape"]),
         "flat_out_scrape_errors": flat["errors"],
+        "flat_out_cpu_fraction": round(flat["cpu_fraction"], 3),
+        "flat_out_publishes_per_s": round(flat["publishes_per_s"]),
+        "flat_out_pod_server_cpu_fraction": round(flat_pods_cpu, 3),
         "metric_age_samples": len(ages),
         "metric_age_p50_ms": round(statistics.median(ages), 1) if ages else None,
         "metric_age_p99_ms": round(percentile(ages, 0.99), 1) if ages else None,
