@@ -323,12 +323,21 @@ async def test_data_on_stream_zero_is_a_connection_error(echo, raw):
     assert await raw.closed()
 
 
-async def test_shutdown_refuses_new_streams_and_cancels_open_ones_after_the_grace(echo, raw):
+async def stop_with_a_call_open(
+    echo: Running, raw: RawClient, grace: float
+) -> tuple[asyncio.Task[None], bytes]:
+    """Open stream 1 (one message answered, the request not ended), then start a shutdown; the
+    shutdown task and the GOAWAY it sent."""
     raw.headers(1)
     raw.data(1, wire.grpc_message(b"open"))
     await raw.until(FrameType.DATA, 1)
-    stopping = asyncio.create_task(echo.server.stop(0.3))
-    _, payload = await raw.until(FrameType.GOAWAY)
+    stopping = asyncio.create_task(echo.server.stop(grace))
+    _, goaway = await raw.until(FrameType.GOAWAY)
+    return stopping, goaway
+
+
+async def test_shutdown_refuses_new_streams_and_cancels_open_ones_after_the_grace(echo, raw):
+    stopping, payload = await stop_with_a_call_open(echo, raw, 0.3)
     assert wire.u32(payload) == 1
     assert wire.u32(payload, 4) == ErrorCode.NO_ERROR
     raw.headers(3, end_stream=True)
@@ -342,11 +351,7 @@ async def test_shutdown_refuses_new_streams_and_cancels_open_ones_after_the_grac
 
 
 async def test_shutdown_waits_for_open_calls_that_finish_within_the_grace(echo, raw):
-    raw.headers(1)
-    raw.data(1, wire.grpc_message(b"open"))
-    await raw.until(FrameType.DATA, 1)
-    stopping = asyncio.create_task(echo.server.stop(5))
-    await raw.until(FrameType.GOAWAY)
+    stopping, _ = await stop_with_a_call_open(echo, raw, 5)
     raw.data(1, wire.grpc_message(b"last"), end_stream=True)
     body, trailers = await raw.call_result(1)
     assert body == wire.grpc_message(b"last")
