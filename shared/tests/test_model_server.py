@@ -105,11 +105,24 @@ def test_fields_a_page_omits_are_none() -> None:
     assert (got.waiting, got.running, got.kv_cache_usage, got.lora) == (None, 2, None, None)
 
 
-def test_kv_falls_back_to_the_old_name_only_when_the_new_one_is_absent() -> None:
-    both = "vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n"
-    assert read_page(both, PRESETS["vllm"]).kv_cache_usage == pytest.approx(0.1)
-    old = "vllm:gpu_cache_usage_perc 0.9\n"
-    assert read_page(old, PRESETS["vllm"]).kv_cache_usage == pytest.approx(0.9)
+@pytest.mark.parametrize(
+    ("page", "kv"),
+    [
+        ("vllm:kv_cache_usage_perc 0.1\n", 0.1),
+        ("vllm:gpu_cache_usage_perc 0.9\n", 0.9),
+        ("vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n", 0.9),
+        ("vllm:kv_cache_usage_perc 0.1\nvllm:gpu_cache_usage_perc 0.9\n", 0.1),
+        (
+            "# HELP vllm:kv_cache_usage_perc x\nvllm:cpu_cache_usage_perc 0.5\n"
+            "vllm:gpu_cache_usage_perc 0.9\n",
+            0.9,
+        ),
+        ("vllm:num_requests_waiting 1\n", None),
+    ],
+    ids=["new name", "old name", "old name first", "new name first", "comments and other names", "neither"],
+)
+def test_kv_is_read_under_either_name_whichever_comes_first(page: str, kv: float | None) -> None:
+    assert read_page(page, PRESETS["vllm"]).kv_cache_usage == (None if kv is None else pytest.approx(kv))
 
 
 @pytest.mark.parametrize(

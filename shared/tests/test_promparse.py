@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pointsman_shared.promparse import PromParseError, read_family, read_samples
+from pointsman_shared.promparse import PromParseError, read_family, read_first_family, read_samples
 
 
 @pytest.mark.parametrize(
@@ -95,3 +95,39 @@ def test_bytes_and_text_read_alike() -> None:
 def test_labels_that_are_not_utf8_raise() -> None:
     with pytest.raises(PromParseError, match="not UTF-8"):
         read_family(b'm{a="\xff"} 1\n', "m")
+
+
+@pytest.mark.parametrize(
+    ("page", "names", "expected"),
+    [
+        ("a_x 1\nb_x 2\n", ("b_x", "a_x"), ("a_x", [1.0])),
+        ("b_x 2\na_x 1\n", ("a_x", "b_x"), ("b_x", [2.0])),
+        (
+            '# HELP a_x h\nca_x 3\na_x_total 4\nb_x{e="0"} 5\nb_x{e="1"} 6\n',
+            ("a_x", "b_x"),
+            ("b_x", [5.0, 6.0]),
+        ),
+        ("a_x 1\n", ("bb_a_x", "a_x"), ("a_x", [1.0])),
+        ("x_x 1\n", ("a_x", "b_x"), None),
+        ("a 1\nb 2\n", ("b", "a"), ("a", [1.0])),
+        ("b 2\n", ("a", "b"), ("b", [2.0])),
+        ("b 2\n", ("b",), ("b", [2.0])),
+        ("", ("a", "b"), None),
+    ],
+    ids=[
+        "common ending, page order",
+        "common ending, the later name first",
+        "comments and longer names skipped",
+        "a name longer than what precedes the hit",
+        "none",
+        "no common ending",
+        "no common ending, only the later name",
+        "one name",
+        "empty page",
+    ],
+)
+def test_read_first_family(
+    page: str, names: tuple[str, ...], expected: tuple[str, list[float]] | None
+) -> None:
+    got = read_first_family(page, names)
+    assert (got if got is None else (got[0], [s.value for s in got[1]])) == expected

@@ -18,6 +18,7 @@ from pointsman_shared.promparse import (
     is_finite,
     parse_labels,
     read_family,
+    read_first_family,
 )
 
 
@@ -25,7 +26,8 @@ from pointsman_shared.promparse import (
 class MetricNames:
     waiting: str
     running: str
-    # Tried in order; the first family present wins (vLLM renamed gpu_cache_usage_perc in 0.12).
+    # Names of the same number (vLLM renamed gpu_cache_usage_perc in 0.12): whichever comes first on the
+    # page is read, so a page without the new name is not searched to its end for it.
     kv_cache_usage: tuple[str, ...]
     lora_info: str | None = None
     max_lora_label: str = "max_lora"
@@ -95,12 +97,10 @@ def read_page(page: str | bytes, names: MetricNames) -> PageMetrics:
         waiting = read_family(text, names.waiting)
         running = read_family(text, names.running)
         kv: float | None = None
-        for name in names.kv_cache_usage:
-            # A fallback name is looked up only when the names before it are absent.
-            if samples := read_family(text, name):
-                # Data-parallel servers expose one series per engine: the pod's KV use is their mean.
-                kv = _total(name, samples) / len(samples)
-                break
+        if found := read_first_family(text, names.kv_cache_usage):
+            name, samples = found
+            # Data-parallel servers expose one series per engine: the pod's KV use is their mean.
+            kv = _total(name, samples) / len(samples)
         lora_samples = read_family(text, names.lora_info) if names.lora_info else []
     except PromParseError as exc:
         raise MetricsPageError("parse", str(exc)) from exc

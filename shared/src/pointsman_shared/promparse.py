@@ -11,6 +11,7 @@ than finding the few lines wanted (a fresh 50 KB string per scrape). Text is acc
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -37,6 +38,7 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _AFTER_NAME = (b"{", b" ", b"\t")
+_NEWLINE = ord("\n")
 
 
 class Sample(NamedTuple):
@@ -74,6 +76,63 @@ def read_family(page: str | bytes, metric: str) -> list[Sample]:
     """
     text = as_bytes(page)
     name = metric.encode()
+    start = _first_line(text, name)
+    return [] if start < 0 else _read_lines(text, metric, name, start)
+
+
+def read_first_family(page: str | bytes, metrics: tuple[str, ...]) -> tuple[str, list[Sample]] | None:
+    """The samples of whichever of ``metrics`` (names of one number) comes first on the page, and its
+    name; ``None`` when the page has none of them.
+
+    One scan for all the names instead of one each: a page without the first name is not searched to
+    its end before the others are looked for. Names that end alike (``vllm:kv_cache_usage_perc``,
+    ``vllm:gpu_cache_usage_perc``) are found by searching for their common ending.
+    """
+    text = as_bytes(page)
+    names, suffix = _names_and_ending(metrics)
+    if len(names) < 2 or not suffix:
+        return _first_on_page(text, metrics)
+    i = text.find(suffix)
+    while i >= 0:
+        end = i + len(suffix)
+        if text[end : end + 1] in _AFTER_NAME:
+            for metric, name in zip(metrics, names, strict=True):
+                start = end - len(name)
+                if (
+                    start >= 0
+                    and text.startswith(name, start)
+                    and (start == 0 or text[start - 1] == _NEWLINE)
+                ):
+                    return metric, _read_lines(text, metric, name, start)
+        i = text.find(suffix, end)
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _names_and_ending(metrics: tuple[str, ...]) -> tuple[tuple[bytes, ...], bytes]:
+    """The names as bytes, and the longest ending they all share."""
+    names = tuple(metric.encode() for metric in metrics)
+    shortest = min(names, key=len, default=b"")
+    size = len(shortest)
+    while size and not all(name.endswith(shortest[len(shortest) - size :]) for name in names):
+        size -= 1
+    return names, shortest[len(shortest) - size :]
+
+
+def _first_on_page(text: bytes, metrics: tuple[str, ...]) -> tuple[str, list[Sample]] | None:
+    found = []
+    for metric in metrics:
+        name = metric.encode()
+        if (start := _first_line(text, name)) >= 0:
+            found.append((start, metric, name))
+    if not found:
+        return None
+    start, metric, name = min(found)
+    return metric, _read_lines(text, metric, name, start)
+
+
+def _first_line(text: bytes, name: bytes) -> int:
+    """Where the first sample line of ``name`` starts, or -1."""
     size = len(name)
     # Only a sample line of exactly this name counts: not "# HELP name" (searching for the name at a
     # line start skips comments at C speed), not "name_total".
@@ -83,11 +142,17 @@ def read_family(page: str | bytes, metric: str) -> list[Sample]:
     else:
         i = text.find(line_start) + 1
         if i == 0:
-            return []
+            return -1
     while text[i + size : i + size + 1] not in _AFTER_NAME:
         i = text.find(line_start, i + size) + 1
         if i == 0:
-            return []
+            return -1
+    return i
+
+
+def _read_lines(text: bytes, metric: str, name: bytes, i: int) -> list[Sample]:
+    """The sample lines of ``name`` from ``i``, the start of its first one."""
+    size = len(name)
     samples: list[Sample] = []
     while True:
         end = text.find(b"\n", i)
