@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 
 from pointsman_shared.codec import (
     CODEC_VERSION,
     CodecError,
+    PoolEncoder,
     decode_pool,
     encode_pod,
     encode_pool,
@@ -120,3 +123,25 @@ def test_a_codec_1_blob_still_decodes_with_every_field_read_at_its_update_time()
 def test_encode_pod_is_one_entry_of_the_pods_array() -> None:
     # Sharing collectors assemble the array from these in Redis; it must be byte-for-byte the same.
     assert [orjson.loads(encode_pod(p)) for p in POOL.pods] == orjson.loads(encode_pool(POOL))["pods"]
+
+
+def test_pool_encoder_bytes_are_encode_pools_and_a_kept_pod_is_not_encoded_again() -> None:
+    encoder = PoolEncoder()
+    a, b = replace(POOL.pods[0]), replace(POOL.pods[0], address="b:1", waiting=9)
+    first = replace(POOL, pods=(a, b))
+    assert encoder.pool(first) == encode_pool(first)
+    # The same object is not encoded again: changed behind the encoder's back, it still shows its old
+    # bytes (snapshots are frozen; only this test changes one).
+    object.__setattr__(a, "waiting", 42)
+    assert orjson.loads(encoder.pool(replace(first, published_at=2.0)))["pods"][0]["waiting"] == 3
+    # A new snapshot of a pod, even an equal one, is encoded; a departed pod is forgotten.
+    second = replace(POOL, pods=(replace(a, waiting=a.waiting), replace(b, waiting=1)), published_at=3.5)
+    assert encoder.pool(second) == encode_pool(second)
+    assert encoder.pool(replace(POOL, pods=())) == encode_pool(replace(POOL, pods=()))
+    assert encoder.pods((b,)) == [encode_pod(b)]
+
+
+@pytest.mark.parametrize("name", ['quo"te', "ünï", ""], ids=["escape", "non-ascii", "empty"])
+def test_pool_encoder_pool_names(name: str) -> None:
+    pool = replace(POOL, pool=name)
+    assert PoolEncoder().pool(pool) == encode_pool(pool)

@@ -58,6 +58,37 @@ def encode_pod(pod: PodSnapshot) -> bytes:
     return orjson.dumps(_encode_pod(pod))
 
 
+class PoolEncoder:
+    """:func:`encode_pool` and :func:`encode_pod` for a publisher that encodes its pool again and again:
+    a pod whose snapshot is the same object as at the last call is not encoded again.
+
+    Snapshots are frozen, so the same object means the same bytes; between two publishes of a
+    collector only the pods scraped since have new snapshots. The bytes are those of the functions.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[PodSnapshot, bytes]] = {}
+
+    def pool(self, pool: PoolSnapshot) -> bytes:
+        head = orjson.dumps({"codec": CODEC_VERSION, "pool": pool.pool, "publishedAt": pool.published_at})
+        return b'%s,"pods":[%s]}' % (head[:-1], b",".join(self.pods(pool.pods)))
+
+    def pods(self, pods: tuple[PodSnapshot, ...]) -> list[bytes]:
+        """Each pod's :func:`encode_pod` bytes; pods not among these are forgotten."""
+        kept = self._kept
+        fresh: dict[str, tuple[PodSnapshot, bytes]] = {}
+        encoded: list[bytes] = []
+        for pod in pods:
+            hit = kept.get(pod.address)
+            # Identity, not equality: comparing two snapshots field by field costs about as much as
+            # encoding one. The kept snapshot is referenced, so its id cannot pass to another object.
+            data = hit[1] if hit is not None and hit[0] is pod else orjson.dumps(_encode_pod(pod))
+            fresh[pod.address] = (pod, data)
+            encoded.append(data)
+        self._kept = fresh
+        return encoded
+
+
 def decode_pool(data: bytes, version: int) -> PoolSnapshot:
     try:
         doc = orjson.loads(data)

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from pointsman_collector.sink import publish_error
-from pointsman_shared.codec import CODEC_VERSION, encode_pod
+from pointsman_shared.codec import CODEC_VERSION, PoolEncoder
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
 
@@ -183,10 +183,12 @@ class ShardSink:
         self._me = me
         self._ttl_ms = max(1, round(ttl * 1000))
         self._script = client.register_script(_PUBLISH_SHARD)
+        self._encoder = PoolEncoder()  # pods not scraped since the last publish keep their bytes
 
     async def publish(self, pool: PoolSnapshot) -> int:
         lines = b"\n".join(
-            b"%s\t%r\t%s" % (pod.address.encode(), pod.updated_at, encode_pod(pod)) for pod in pool.pods
+            b"%s\t%r\t%s" % (pod.address.encode(), pod.updated_at, data)
+            for pod, data in zip(pool.pods, self._encoder.pods(pool.pods), strict=True)
         )
         pool_name = orjson.dumps(pool.pool)
         args = (self._me, lines, self._ttl_ms, pool_name, repr(pool.published_at), CODEC_VERSION)

@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pointsman_collector.errors import PublishError
-from pointsman_shared.codec import encode_pool
+from pointsman_shared.codec import PoolEncoder
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
 
@@ -46,6 +46,7 @@ class RedisSnapshotSink:
         self._ttl_ms = max(1, round(ttl * 1000))
         # register_script runs EVALSHA and reloads the script if Redis lost it (after a restart).
         self._script = client.register_script(_PUBLISH)
+        self._encoder = PoolEncoder()  # pods not scraped since the last publish keep their bytes
 
     @classmethod
     def from_url(cls, url: str, keys: RedisKeys, *, ttl: float) -> RedisSnapshotSink:
@@ -56,7 +57,7 @@ class RedisSnapshotSink:
         return self._client
 
     async def publish(self, pool: PoolSnapshot) -> int:
-        blob = encode_pool(pool)
+        blob = self._encoder.pool(pool)
         try:
             version = await self._script(keys=self._keys, args=(blob, self._ttl_ms))
         except (RedisError, OSError) as exc:
