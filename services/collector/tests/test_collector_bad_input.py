@@ -3,6 +3,7 @@ keeps the numbers last read from it, and the other pods carry on."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator, Callable
 
@@ -12,7 +13,9 @@ from prometheus_client import CollectorRegistry
 from pointsman_collector.loop import Collector
 from pointsman_collector.normalize import HealthPolicy
 from pointsman_collector.scrape import PodScraper
+from pointsman_shared.config import parse_config
 from pointsman_shared.model_server import PRESETS
+from pointsman_shared.snapshot import PoolSnapshot
 
 MAX_BODY = 64 * 1024
 GOOD = "vllm:num_requests_waiting 7\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.25\n"
@@ -62,7 +65,12 @@ async def collector(memory_sink) -> AsyncIterator[Callable[[CollectorRegistry], 
             "protocol",
         ),
         ("process_cpu_seconds_total 99\n", {}, "no_metrics"),
-        ("vllm:num_requests_waiting 1\n\xff", {}, "parse"),
+        (
+            "vllm:num_requests_waiting 99\n"
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="caf\xe9"} 1\n',
+            {},
+            "parse",
+        ),
     ],
     ids=[
         "500",
@@ -76,7 +84,7 @@ async def collector(memory_sink) -> AsyncIterator[Callable[[CollectorRegistry], 
         "not http",
         "body cut short",
         "no wanted metric",
-        "not utf-8",
+        "adapter name not utf-8",
     ],
 )
 async def test_one_bad_pod_is_counted_and_keeps_its_last_numbers(
@@ -101,3 +109,60 @@ async def test_one_bad_pod_is_counted_and_keeps_its_last_numbers(
 
     bad.serve(GOOD)
     await memory_sink.wait_for(lambda pool: all(p.healthy for p in pool.pods))
+
+
+class CountingSink:
+    """Records, at each publish, the pod's health and how many failing replies its server had sent."""
+
+    def __init__(self, requests: Callable[[], int]) -> None:
+        self.requests = requests
+        self.base = 0  # the server's request count when it began failing
+        self.seen: list[tuple[bool, int]] = []
+        self.changed = asyncio.Event()
+
+    async def publish(self, pool: PoolSnapshot) -> int:
+        self.seen.append((pool.pods[0].healthy, self.requests() - self.base))
+        self.changed.set()
+        return len(self.seen)
+
+
+@pytest.mark.parametrize("max_failures", [1, 5])
+async def test_max_failures_from_the_config_decides_when_a_pod_turns_unhealthy(
+    pod_server, max_failures: int
+) -> None:  # type: ignore[no-untyped-def]
+    server = await pod_server(GOOD)
+    config = parse_config(
+        {
+            "pool": {"name": "p", "endpoints": [server.address]},
+            "redis": {"url": "redis://127.0.0.1:1"},
+            "collector": {
+                "interval": "10ms",
+                "timeout": "1s",
+                "maxFailures": max_failures,
+                "staleness": "1h",
+            },
+        }
+    )
+    sink = CountingSink(lambda: server.requests)
+    collector = Collector.from_config(config, sink=sink, registry=CollectorRegistry())
+    collector.start(config.pool.endpoints)
+    try:
+        async with asyncio.timeout(3.0):
+            while not (sink.seen and sink.seen[-1][0]):
+                sink.changed.clear()
+                await sink.changed.wait()
+            # A request is counted and answered in one step of the server: every request counted from
+            # here on fails, and no earlier one does.
+            sink.base = server.requests
+            start = len(sink.seen)
+            server.serve(GOOD, status=500)
+            while sink.seen[-1][0]:
+                sink.changed.clear()
+                await sink.changed.wait()
+    finally:
+        await collector.stop()
+    healthy = [sent for ok, sent in sink.seen[start:] if ok]
+    unhealthy = [sent for ok, sent in sink.seen[start:] if not ok]
+    # Unhealthy only once max_failures replies failed; healthy until then (one more may be in flight).
+    assert min(unhealthy) >= max_failures
+    assert all(sent <= max_failures for sent in healthy)

@@ -13,7 +13,9 @@ VLLM = PRESETS["vllm"]
     ("body", "reason"),
     [
         (b"vllm:num_requests_waiting{a=} 1\n", "parse"),
-        (b"vllm:num_requests_waiting 1\n\xff\xfe", "parse"),
+        (b'vllm:num_requests_waiting 1\nvllm:lora_requests_info{running_lora_adapters="\xff"} 1\n', "parse"),
+        (b'vllm:num_requests_waiting{engine="\xe9"} 1\n', "parse"),
+        (b"vllm:num_requests_waiting 1\xff\n", "parse"),
         (b"vllm:num_requests_waiting -1\n", "value"),
         (b"", "no_metrics"),
         (b"sglang:num_queue_reqs 3\n", "no_metrics"),
@@ -27,7 +29,9 @@ VLLM = PRESETS["vllm"]
     ],
     ids=[
         "bad labels",
-        "not utf-8",
+        "adapter name not utf-8",
+        "label not utf-8",
+        "value not utf-8",
         "negative",
         "empty",
         "other server's names",
@@ -56,6 +60,11 @@ def test_unusable_pages(body: bytes, reason: str) -> None:
 )
 def test_a_page_with_any_family_counts(body: bytes) -> None:
     parse_page(body, VLLM)
+
+
+def test_bytes_that_are_not_utf8_count_only_where_read() -> None:
+    body = b'# HELP x caf\xe9\nvllm:num_requests_waiting 3\nother{a="\xff"} 1\n\xfe\xff\n'
+    assert parse_page(body, VLLM).waiting == 3
 
 
 async def test_scrapes_a_fixture_page_over_http(pod_server, fixture_page) -> None:

@@ -51,13 +51,8 @@ def check_content_type(content_type: bytes | None) -> None:
 
 def parse_page(body: bytes, names: MetricNames) -> PageMetrics:
     """Read a page body; raise :class:`PageError` when it cannot be used."""
-    # The page is read as bytes: checking that it is ASCII reads it once without writing a 50 KB
-    # string, and only a page that is not needs the full UTF-8 check.
-    if not body.isascii():
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PageError("parse", "page is not UTF-8") from None
+    # The page is not checked as a whole: the few lines read from it are (a label set that is not UTF-8
+    # or a value that is not a number fails the page), and bytes nobody reads cannot reach the picker.
     try:
         page = read_page(body, names)
     except MetricsPageError as exc:
