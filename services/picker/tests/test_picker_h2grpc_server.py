@@ -358,3 +358,24 @@ async def test_shutdown_waits_for_open_calls_that_finish_within_the_grace(echo, 
     assert trailers[b"grpc-status"] == b"0"
     await asyncio.wait_for(stopping, 2)  # well before the grace
     assert echo.calls.cancelled == 0
+
+
+async def test_a_reset_right_after_the_half_close_gets_no_trailers(echo, raw):
+    # What Envoy does at the end of every ext_proc stream: END_STREAM and RST_STREAM in one write.
+    raw.headers(1)
+    raw.send(
+        wire.frame(FrameType.DATA, wire.END_STREAM, 1, wire.grpc_message(b"last"))
+        + wire.rst_stream(1, ErrorCode.CANCEL)
+    )
+    raw.send(wire.frame(FrameType.PING, 0, 0, b"syncsync"))
+    seen = []
+    while True:
+        kind, flags, stream_id, _ = await raw.read()
+        if kind == FrameType.PING:
+            break
+        seen.append((kind, flags, stream_id))
+    assert (FrameType.DATA, 0, 1) in seen  # the answer to "last" still goes out
+    assert not [frame for frame in seen if frame[0] == FrameType.HEADERS and frame[1] & wire.END_STREAM]
+    assert echo.calls.half_closed == 1
+    assert echo.calls.cancelled == 0
+    assert echo.server.open_streams == 0

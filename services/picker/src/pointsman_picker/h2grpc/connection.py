@@ -146,6 +146,7 @@ class H2Connection(asyncio.Protocol):
         self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block) of HEADERS
         self._out: list[bytes] = []
         self._reading = False  # inside data_received: writes are batched until it returns
+        self._trailers_at: dict[int, int] = {}  # stream -> index in _out of trailers written in this read
         self._going_away = False
         self.closed = False
 
@@ -264,6 +265,11 @@ class H2Connection(asyncio.Protocol):
             stream = self._streams.get(stream_id)
             if stream is not None:
                 self._end(stream, cancelled=True)
+            elif stream_id in self._trailers_at:
+                # Envoy ends each ext_proc stream with END_STREAM and RST_STREAM in one write: the
+                # trailers answering the first are not wanted; not sending them spares a write and a
+                # wake-up on both sides.
+                self._out[self._trailers_at.pop(stream_id)] = b""
         elif kind == FrameType.GOAWAY:
             self._going_away = True
             self._close_if_idle()
@@ -443,8 +449,11 @@ class H2Connection(asyncio.Protocol):
             self._flush()
 
     def _flush(self) -> None:
+        self._trailers_at.clear()
         if self._out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(self._out))
+            data = b"".join(self._out)
+            if data:
+                self._transport.write(data)
         self._out.clear()
 
     def drain(self, stream: _Stream) -> None:
@@ -465,6 +474,8 @@ class H2Connection(asyncio.Protocol):
             self._send_window -= size
             self.write(wire.frame(FrameType.DATA, 0, stream.id, chunk))
         if stream.trailers is not None:
+            if self._reading:
+                self._trailers_at[stream.id] = len(self._out)
             self.write(stream.trailers)
             stream.trailers = None
             if not stream.remote_closed:
