@@ -5,10 +5,28 @@ import asyncio
 import pytest
 
 from pointsman_collector.errors import FetchError
-from pointsman_collector.httpclient import INITIAL_BUFFER, HttpClient
+from pointsman_collector.httpclient import INITIAL_BUFFER, HttpClient, Response
 from pointsman_devstack.ports import free_port
 
 PAGE = b"vllm:num_requests_waiting 3\n" * 100  # 2.8 KB
+
+
+async def get(client: HttpClient) -> Response:
+    """One request, awaited: the response, or raises the FetchError; the callback is called once."""
+    results: list[Response | FetchError] = []
+    answered = asyncio.Event()
+
+    def done(result: Response | FetchError) -> None:
+        results.append(result)
+        answered.set()
+
+    client.start(done)
+    await answered.wait()
+    await asyncio.sleep(0)  # a second call would come by now
+    [result] = results
+    if isinstance(result, FetchError):
+        raise result
+    return result
 
 
 def client_for(server, *, timeout: float = 1.0, max_body: int = 64 * 1024) -> HttpClient:
@@ -34,7 +52,7 @@ async def test_reads_every_framing_and_reuses_the_connection_when_allowed(
     client = client_for(server)
     try:
         for _ in range(3):
-            assert (await client.get()).body == PAGE
+            assert (await get(client)).body == PAGE
     finally:
         await client.aclose()
     assert (server.requests, server.connections) == (3, connections)
@@ -56,7 +74,7 @@ async def test_pages_larger_than_the_buffer_then_smaller_ones_come_whole(
     try:
         for page in (big, PAGE, big, b"x", big):
             server.serve(page, **reply)
-            assert (await client.get()).body == page
+            assert (await get(client)).body == page
     finally:
         await client.aclose()
 
@@ -103,10 +121,10 @@ async def test_failures_have_a_reason_and_the_next_request_reconnects(
     client = client_for(server, timeout=0.2, max_body=1000)
     try:
         with pytest.raises(FetchError) as excinfo:
-            await client.get()
+            await get(client)
         assert excinfo.value.reason == reason
         server.serve(b"ok")
-        assert (await client.get()).body == b"ok"
+        assert (await get(client)).body == b"ok"
     finally:
         await client.aclose()
     assert server.connections == 2
@@ -120,11 +138,11 @@ async def test_a_slow_answer_times_out_after_many_quick_ones(pod_server) -> None
     try:
         started = loop.time()
         while loop.time() - started < 0.25:
-            assert (await client.get()).body == PAGE
+            assert (await get(client)).body == PAGE
             await asyncio.sleep(0.01)
         server.serve(PAGE, delay=0.5)
         with pytest.raises(FetchError) as excinfo:
-            await client.get()
+            await get(client)
         assert excinfo.value.reason == "timeout"
     finally:
         await client.aclose()
@@ -134,7 +152,7 @@ async def test_a_closed_port_is_a_connect_error() -> None:
     client = HttpClient("127.0.0.1", free_port(), timeout=1.0)
     try:
         with pytest.raises(FetchError) as excinfo:
-            await client.get()
+            await get(client)
     finally:
         await client.aclose()
     assert excinfo.value.reason == "connect"
@@ -153,7 +171,7 @@ async def test_sends_one_plain_get_with_the_host_header() -> None:
     port = server.sockets[0].getsockname()[1]
     client = HttpClient("127.0.0.1", port, timeout=1.0)
     try:
-        assert (await client.get()).body == b"body"
+        assert (await get(client)).body == b"body"
     finally:
         await client.aclose()
         server.close()

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from pointsman_collector.errors import ScrapeTimeout
 from pointsman_collector.loop import Collector, SlotClock
 from pointsman_collector.normalize import HealthPolicy
+from pointsman_collector.scrape import Done
 from pointsman_shared.model_server import PageMetrics
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
@@ -23,21 +24,22 @@ def page(waiting: int = 1, lora_error: str | None = None) -> PageMetrics:
 
 
 class FakeScraper:
-    """Answers with ``result`` (a page, or an exception to raise); hangs while ``hang`` is set."""
+    """Answers with ``result`` (a page, or an exception) on the loop's next pass; never while ``hang``
+    is set (the answer is kept in ``pending``)."""
 
     def __init__(self) -> None:
-        self.result: PageMetrics | BaseException = page()
+        self.result: PageMetrics | Exception = page()
         self.hang = False
         self.calls = 0
         self.closed = False
+        self.pending: Done | None = None
 
-    async def scrape(self) -> PageMetrics:
+    def start(self, done: Done) -> None:
         self.calls += 1
         if self.hang:
-            await asyncio.Event().wait()
-        if isinstance(self.result, BaseException):
-            raise self.result
-        return self.result
+            self.pending = done
+            return
+        asyncio.get_running_loop().call_soon(done, self.result)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -188,9 +190,9 @@ async def test_publishes_on_change_at_most_twice_per_interval_and_otherwise_ever
     counter = iter(range(1_000_000))
 
     class Changing(FakeScraper):
-        async def scrape(self) -> PageMetrics:
-            await super().scrape()
-            return page(waiting=next(counter))
+        def start(self, done: Done) -> None:
+            self.result = page(waiting=next(counter))
+            super().start(done)
 
     h.collector.set_targets([])
     h.scrapers.clear()
@@ -232,38 +234,40 @@ async def test_an_empty_pool_is_published_at_once(harness) -> None:
     assert first.pods == ()
 
 
-async def test_stop_ends_a_pod_loop_whose_scrape_turned_the_cancel_into_a_timeout(harness) -> None:
-    # What Python 3.11's asyncio.timeout can do when stop()'s cancel lands as the timeout expires.
-    class Swallowing(FakeScraper):
-        async def scrape(self) -> PageMetrics:
-            self.calls += 1
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                raise ScrapeTimeout("cancelled as the deadline passed") from None
-            raise AssertionError("unreachable")
-
+async def test_an_answer_that_comes_after_stop_is_ignored(harness) -> None:
     h = harness()
-    h.kind = Swallowing
     h.collector.start(["a"])
-    await eventually(lambda: "a" in h.scrapers and h.scrapers["a"].calls > 0)
-    async with asyncio.timeout(3.0):  # a guard against the hang, not a speed goal
-        await h.collector.stop()
+    await h.published(lambda pods: pods["a"].healthy)
+    h.scrapers["a"].hang = True
+    await eventually(lambda: h.scrapers["a"].pending is not None)
+    published = len(h.sink.published)
+    calls = h.scrapers["a"].calls
+    await h.collector.stop()
+    pending = h.scrapers["a"].pending
+    assert pending is not None
+    pending(ScrapeTimeout("answered late"))
+    await asyncio.sleep(INTERVAL * 3)
+    assert h.errors("timeout") == 0
+    assert (len(h.sink.published), h.scrapers["a"].calls) == (published, calls)
     assert h.scrapers["a"].closed
 
 
-async def test_sleepers_of_one_slot_wake_together_and_a_cancelled_one_wakes_no_other() -> None:
+async def test_callbacks_of_one_slot_run_together_and_a_past_time_runs_on_the_next_pass() -> None:
     loop = asyncio.get_running_loop()
     clock = SlotClock(0.02)
     slot = (round(loop.time() / 0.02) + 3) * 0.02
+    ran: list[str] = []
+    finished = loop.create_future()
     # Times within half a slot of one slot share it.
-    first, cancelled, second, later = (clock.wake_at(loop, slot + d) for d in (0.004, 0, -0.004, 0.04))
-    cancelled.cancel()
-    await first
-    assert second.done()
-    assert not later.done()
-    await later
-    past = clock.wake_at(loop, loop.time() - 1.0)
-    assert not past.done()  # not at once: a pod loop that never waits must still yield to the loop
-    await past
+    for name, delta in (("first", 0.004), ("second", -0.004), ("later", 0.04)):
+        clock.call_at(loop, slot + delta, lambda name=name: ran.append(name))  # type: ignore[misc]
+    clock.call_at(loop, slot + 0.04, lambda: finished.set_result(None))
+    await asyncio.sleep(0.02 * 3.6)
+    assert ran == ["first", "second"]
+    await finished
+    assert ran == ["first", "second", "later"]
+    clock.call_at(loop, loop.time() - 1.0, lambda: ran.append("past"))
+    assert ran[-1] == "later"  # not at once: a pod that never waits must still yield to the loop
+    await asyncio.sleep(0)
+    assert ran[-1] == "past"
     clock.close()

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pointsman_collector.errors import PageError, ScrapeError
 from pointsman_collector.scrape import PodScraper, check_content_type, parse_page
-from pointsman_shared.model_server import PRESETS
+from pointsman_shared.model_server import PRESETS, PageMetrics
 
 VLLM = PRESETS["vllm"]
 
@@ -67,17 +69,27 @@ def test_bytes_that_are_not_utf8_count_only_where_read() -> None:
     assert parse_page(body, VLLM).waiting == 3
 
 
+async def scrape(scraper: PodScraper) -> PageMetrics:
+    """One scrape, awaited; raises what it fails with."""
+    future: asyncio.Future[PageMetrics | Exception] = asyncio.get_running_loop().create_future()
+    scraper.start(future.set_result)
+    outcome = await future
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
 async def test_scrapes_a_fixture_page_over_http(pod_server, fixture_page) -> None:
     server = await pod_server(fixture_page("vllm-v0-lora"), chunk_size=4096)
     scraper = PodScraper(server.address, VLLM, timeout=1.0)
     try:
-        page = await scraper.scrape()
+        page = await scrape(scraper)
         assert (page.waiting, page.running, page.kv_cache_usage) == (3, 10, pytest.approx(0.42))
         assert page.lora is not None
         assert page.lora.running == {"tweet-summary-1", "sql-lora"}
         server.serve("", status=503)
         with pytest.raises(ScrapeError) as excinfo:
-            await scraper.scrape()
+            await scrape(scraper)
         assert excinfo.value.reason == "http_status"
     finally:
         await scraper.aclose()
@@ -109,7 +121,7 @@ async def test_a_page_of_the_wrong_type_is_refused_over_http(pod_server, fixture
     scraper = PodScraper(server.address, VLLM, timeout=1.0)
     try:
         with pytest.raises(ScrapeError) as excinfo:
-            await scraper.scrape()
+            await scrape(scraper)
         assert excinfo.value.reason == "content_type"
     finally:
         await scraper.aclose()

@@ -12,6 +12,7 @@ bodies, ``Connection: close``, a cap on the body size and a deadline per request
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -40,10 +41,16 @@ class _StaleConnection(Exception):
     """The server closed a kept-alive connection before answering; a fresh connection may succeed."""
 
 
+Done = Callable[["Response | FetchError"], None]
+Reply = Callable[["Response | FetchError | _StaleConnection"], None]
+
+
 class HttpClient:
     """Repeated GETs of one path on one server, reusing one connection while the server allows it.
 
-    Any failure drops the connection, so the next :meth:`get` starts from a fresh one.
+    Driven by callbacks: :meth:`start` sends a request and the answer is handed to a callback from the
+    connection's data callback, with no task or future per request (a collector scrapes thousands of
+    times a second). Any failure drops the connection, so the next request starts from a fresh one.
     """
 
     def __init__(
@@ -63,83 +70,106 @@ class HttpClient:
             f"GET {path} HTTP/1.1\r\nHost: {join_host_port(host, port)}\r\n"
             "User-Agent: pointsman-collector\r\nAccept: text/plain\r\n\r\n"
         ).encode("ascii")
+        # Kept: asyncio.get_running_loop() makes a getpid() system call each time.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._connection: _Connection | None = None
-        self._waiter: asyncio.Future[Response] | None = None  # the response awaited, if any
-        self._deadline = 0.0  # when that response is due
+        self._connecting: asyncio.Task[None] | None = None
+        self._done: Done | None = None  # who gets the answer in flight, if any
+        self._deadline = 0.0  # when that answer is due
         self._watchdog: asyncio.TimerHandle | None = None
 
-    async def get(self) -> Response:
-        """Return the 200 response; raise a :class:`FetchError` otherwise."""
-        deadline = asyncio.get_running_loop().time() + self._timeout
-        try:
-            connection = self._connection
-            if connection is not None and connection.open:
-                try:
-                    return await self._request_once(connection, deadline, reused=True)
-                except _StaleConnection:
-                    self._drop()
-            return await self._request_once(await self._connect(deadline), deadline)
-        except BaseException:
-            self._drop()  # the connection is mid-response or broken: never reuse it
-            raise
+    def start(self, done: Done) -> None:
+        """Send a request; ``done`` gets the 200 response or a :class:`FetchError`, once.
+
+        It may be called before ``start`` returns (a connection the server had already closed).
+        One request at a time: the next ``start`` comes after ``done``.
+        """
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._done = done
+        self._deadline = loop.time() + self._timeout
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(self._deadline, self._check_deadline)
+        connection = self._connection
+        if connection is not None and connection.open:
+            connection.request(self._request, self._on_reply, reused=True)
+        else:
+            self._reconnect()
 
     async def aclose(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        self._done = None
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
         connection, self._connection = self._connection, None
         if connection is not None:
-            await connection.close()
+            connection.close()
+            await connection.wait_closed()
 
-    async def _connect(self, deadline: float) -> _Connection:
-        loop = asyncio.get_running_loop()
+    def _reconnect(self) -> None:
+        self._drop()
+        assert self._loop is not None
+        self._connecting = self._loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        assert self._loop is not None
         try:
-            async with asyncio.timeout_at(deadline):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self._max_body), self._host, self._port
-                )
-        except TimeoutError:
-            raise self._timed_out() from None
+            _, connection = await self._loop.create_connection(
+                lambda: _Connection(self._max_body), self._host, self._port
+            )
         except OSError as exc:
-            raise ConnectError(f"{join_host_port(self._host, self._port)}: {exc.strerror or exc}") from None
+            error = ConnectError(f"{join_host_port(self._host, self._port)}: {exc.strerror or exc}")
+            self._connecting = None
+            self._finish(error)
+            return
+        self._connecting = None
         self._connection = connection
-        return connection
+        connection.request(self._request, self._on_reply, reused=False)
 
-    async def _request_once(
-        self, connection: _Connection, deadline: float, *, reused: bool = False
-    ) -> Response:
-        waiter = connection.request(self._request, reused=reused)
-        self._waiter, self._deadline = waiter, deadline
-        if self._watchdog is None:
-            self._watchdog = asyncio.get_running_loop().call_at(deadline, self._check_deadline)
-        try:
-            response = await waiter
-        finally:
-            self._waiter = None
-        if not response.keep_alive:
-            await self.aclose()
-        return response
+    def _on_reply(self, result: Response | FetchError | _StaleConnection) -> None:
+        if isinstance(result, _StaleConnection):
+            self._reconnect()  # the server closed a kept-alive connection: a fresh one may succeed
+            return
+        if isinstance(result, Response):
+            if not result.keep_alive:
+                connection, self._connection = self._connection, None
+                if connection is not None:
+                    connection.close()
+        else:
+            self._drop()  # the connection is mid-response or broken: never reuse it
+        self._finish(result)
+
+    def _finish(self, result: Response | FetchError) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done(result)
 
     def _check_deadline(self) -> None:
         """Fail the awaited response if it is overdue, else wait for its deadline.
 
-        A timer on the response future, not asyncio.timeout: a fraction of the cost, and a cancel of the
-        scraping task stays a cancel. One timer serves many requests: set for an earlier request, it
-        fires before the current one's deadline (deadlines only grow) and is set again for it, so a
-        client scraping every 50 ms with a 1 s timeout makes one timer a second, not twenty.
+        One timer serves many requests: set for an earlier request, it fires before the current one's
+        deadline (deadlines only grow) and is set again for it, so a client scraping every 50 ms with a
+        1 s timeout makes one timer a second, not twenty.
         """
         self._watchdog = None
-        waiter = self._waiter
-        if waiter is None or waiter.done():
+        if self._done is None:
             return  # idle: the next request sets a timer
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._deadline:
-            waiter.set_exception(self._timed_out())
+        assert self._loop is not None
+        if self._loop.time() >= self._deadline:
+            self._abandon_exchange()
+            self._finish(ScrapeTimeout(f"no complete response within {self._timeout}s"))
         else:
-            self._watchdog = loop.call_at(self._deadline, self._check_deadline)
+            self._watchdog = self._loop.call_at(self._deadline, self._check_deadline)
 
-    def _timed_out(self) -> ScrapeTimeout:
-        return ScrapeTimeout(f"no complete response within {self._timeout}s")
+    def _abandon_exchange(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
+        self._drop()
 
     def _drop(self) -> None:
         connection, self._connection = self._connection, None
@@ -174,7 +204,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._size = 0  # bytes of the buffer received; what lies beyond is left from earlier responses
         self._raw_head = b""  # the last head parsed, and what it said: servers repeat theirs
         self._parsed_head: _Head | None = None
-        self._waiter: asyncio.Future[Response] | None = None
+        self._reply: Reply | None = None  # who gets the response being read, if any
         self._reused = False
         self._eof = False
         self._closed: asyncio.Future[None] | None = None
@@ -202,20 +232,20 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._size += nbytes
-        if self._waiter is not None:
+        if self._reply is not None:
             self._advance()
 
     def eof_received(self) -> bool:
         self._eof = True
         self.open = False
-        if self._waiter is not None:
+        if self._reply is not None:
             self._advance()
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         self._eof = True
-        if self._waiter is not None and not self._waiter.done():
+        if self._reply is not None:
             if exc is not None and not (self._reused and not self._size):
                 self._fail(ProtocolError(f"connection failed: {_describe(exc)}"))
             else:
@@ -225,9 +255,10 @@ class _Connection(asyncio.BufferedProtocol):
 
     # what the client calls
 
-    def request(self, data: bytes, *, reused: bool) -> asyncio.Future[Response]:
+    def request(self, data: bytes, reply: Reply, *, reused: bool) -> None:
+        """Send ``data``; ``reply`` gets the response, a :class:`FetchError` or :class:`_StaleConnection`."""
         assert self._transport is not None
-        self._waiter = self._loop.create_future()
+        self._reply = reply
         self._reused = reused
         self._head = None
         self._chunks = []
@@ -236,17 +267,20 @@ class _Connection(asyncio.BufferedProtocol):
         self._transport.write(data)
         if self._size or self._eof:
             self._advance()  # the server sent something unasked, or had already hung up
-        return self._waiter
 
     def abort(self) -> None:
         self.open = False
+        self._reply = None
         if self._transport is not None:
             self._transport.abort()
 
-    async def close(self) -> None:
+    def close(self) -> None:
         self.open = False
+        self._reply = None
         if self._transport is not None:
             self._transport.close()
+
+    async def wait_closed(self) -> None:
         if self._closed is not None:
             await self._closed
 
@@ -262,16 +296,16 @@ class _Connection(asyncio.BufferedProtocol):
             self._fail(exc)
             return
         if response is not None:
-            waiter, self._waiter = self._waiter, None
+            reply, self._reply = self._reply, None
             self._size = 0
-            if waiter is not None and not waiter.done():
-                waiter.set_result(response)
+            if reply is not None:
+                reply(response)
 
-    def _fail(self, exc: Exception) -> None:
-        waiter, self._waiter = self._waiter, None
+    def _fail(self, exc: FetchError | _StaleConnection) -> None:
+        reply, self._reply = self._reply, None
         self.open = False
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        if reply is not None:
+            reply(exc)
 
     def _parse(self) -> Response | None:
         size = self._size

@@ -1,9 +1,9 @@
 """The collector's engine: one scrape loop per pod, the pool's state, and a publisher.
 
-Each pod has its own task, so a slow or dead pod never delays another. Scrapes write into
-:class:`PoolState`; the publisher snapshots it when something the picker cares about changed (at most
-twice per scrape interval) and at least every ``publish_every`` seconds, so update times and the Redis
-TTL stay fresh.
+Each pod's loop runs on callbacks of its own (slot timer, connection), so a slow or dead pod never
+delays another. Scrapes write into :class:`PoolState`; the publisher snapshots it when something the
+picker cares about changed (at most twice per scrape interval) and at least every ``publish_every``
+seconds, so update times and the Redis TTL stay fresh.
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from pointsman_collector.normalize import (
     on_page,
     same_load,
 )
-from pointsman_collector.scrape import PodScraper, Scraper
+from pointsman_collector.scrape import Outcome, PodScraper, Scraper
 from pointsman_collector.sink import SnapshotSink
-from pointsman_shared.aio import raise_if_cancelling, wait_event
+from pointsman_shared.aio import wait_event
 from pointsman_shared.config import PointsmanConfig
-from pointsman_shared.model_server import PageMetrics
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
 log = logging.getLogger(__name__)
@@ -93,50 +92,100 @@ class PoolState:
 
 
 class SlotClock:
-    """Wakes sleepers on a grid of ``slot`` seconds; all who sleep until one slot share its one timer.
+    """Calls back on a grid of ``slot`` seconds; all callbacks booked for one slot share its one timer.
 
-    200 pods at 50 ms each setting a timer (asyncio.sleep) was 4,000 timers a second, each a timer
-    handle made, armed and closed, and the loop woken for nearly every scrape; with 10 slots per
-    interval it is 200 timers a second, and a slot's scrapes, and then their replies, come together.
+    200 pods at 50 ms each setting a timer was 4,000 timers a second, each a timer handle made, armed
+    and closed, and the loop woken for nearly every scrape; with 10 slots per interval it is 200 timers
+    a second, and a slot's scrapes, and then their replies, come together.
     """
 
     def __init__(self, slot: float) -> None:
         self._slot = slot
-        self._sleepers: dict[int, list[asyncio.Future[None]]] = {}
+        self._due: dict[int, list[Callable[[], None]]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
 
-    def wake_at(self, loop: asyncio.AbstractEventLoop, when: float) -> asyncio.Future[None]:
-        """A future done at the slot nearest ``when`` (on the loop's clock); soon when that is past.
-
-        Each sleeper has its own future: cancelling one sleeper wakes no other.
-        """
-        future = loop.create_future()
+    def call_at(self, loop: asyncio.AbstractEventLoop, when: float, callback: Callable[[], None]) -> None:
+        """Call ``callback`` at the slot nearest ``when`` (on the loop's clock); soon when that is past."""
         index = round(when / self._slot)
         if index * self._slot <= loop.time():
-            loop.call_soon(_wake, future)  # still a pass of the loop: a pod that never waits stalls it
-            return future
-        sleepers = self._sleepers.get(index)
-        if sleepers is None:
-            sleepers = self._sleepers[index] = []
+            loop.call_soon(callback)  # still a pass of the loop: a pod must not starve the others
+            return
+        due = self._due.get(index)
+        if due is None:
+            due = self._due[index] = []
             self._timers[index] = loop.call_at(index * self._slot, self._ring, index)
-        sleepers.append(future)
-        return future
+        due.append(callback)
 
     def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        self._sleepers.clear()
+        self._due.clear()
 
     def _ring(self, index: int) -> None:
         del self._timers[index]
-        for future in self._sleepers.pop(index):
-            _wake(future)
+        for callback in self._due.pop(index):
+            callback()
 
 
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():  # a cancelled sleeper
-        future.set_result(None)
+class _PodLoop:
+    """One pod's scrapes, driven by callbacks rather than a task: the slot clock starts a scrape, the
+    scraper's answer is recorded and books the next. No task switch or future per scrape (~8 us each on
+    this project's 2-vCPU test machine), and a pod waits on nobody: its scrape is its own request on its
+    own connection, its deadline its client's.
+    """
+
+    __slots__ = (
+        "_address",
+        "_began",
+        "_loop",
+        "_next",
+        "_record",
+        "_slots",
+        "_started",
+        "scraper",
+        "stopped",
+    )
+
+    def __init__(
+        self,
+        address: str,
+        scraper: Scraper,
+        *,
+        slots: SlotClock,
+        first: float,
+        next_wake: Callable[[float], float],
+        record: Callable[[str, Outcome, float], None],
+    ) -> None:
+        self._address = address
+        self.scraper = scraper
+        self._slots = slots
+        self._next = next_wake  # when to scrape again, from when the last scrape began
+        self._record = record  # a scrape's outcome and its duration (perf_counter seconds)
+        self._loop = asyncio.get_running_loop()
+        self._started = 0.0  # on the loop's clock, for the next wake
+        self._began = 0.0  # on perf_counter, for the scrape's duration
+        self.stopped = False
+        slots.call_at(self._loop, self._loop.time() + first, self._wake)
+
+    def _wake(self) -> None:
+        if self.stopped:
+            return
+        self._started = self._loop.time()
+        self._began = time.perf_counter()
+        try:
+            self.scraper.start(self._done)
+        except Exception as exc:  # a bug: counted, and the pod's scrapes go on
+            self._done(exc)
+
+    def _done(self, outcome: Outcome) -> None:
+        if self.stopped:
+            return
+        try:
+            self._record(self._address, outcome, time.perf_counter() - self._began)
+        except Exception:  # a bug must not end the pod's scrapes
+            log.exception("pod %s: recording a scrape failed", self._address)
+        self._slots.call_at(self._loop, self._next(self._started), self._wake)
 
 
 class Collector:
@@ -168,8 +217,8 @@ class Collector:
         self._metrics = CollectorMetrics(registry, pool=pool, snapshot=lambda: self._published, clock=clock)
         self._pool = PoolState()
         self._slots = SlotClock(interval / SLOTS)
-        self._loops: dict[str, asyncio.Task[None]] = {}
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._loops: dict[str, _PodLoop] = {}
+        self._retiring: set[asyncio.Task[None]] = set()  # closing the scrapers of pods that left
         self._publisher: asyncio.Task[None] | None = None
         self._published: PoolSnapshot | None = None
         self._sink_error: str | None = None
@@ -219,8 +268,9 @@ class Collector:
         """Scrape exactly these pods: start loops for new ones, stop loops of those that left."""
         wanted = list(dict.fromkeys(addresses))
         for address in self._loops.keys() - set(wanted):
-            task = self._loops.pop(address)
-            task.cancel()
+            pod = self._loops.pop(address)
+            pod.stopped = True
+            task = asyncio.create_task(pod.scraper.aclose(), name=f"close {address}")
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
             self._pool.remove(address)
@@ -228,47 +278,35 @@ class Collector:
         for address in wanted:
             if address not in self._loops:
                 self._pool.add(address)
-                scraper = self._scraper_factory(address)
-                self._loops[address] = asyncio.create_task(
-                    self._run_pod(address, scraper), name=f"scrape {address}"
+                self._loops[address] = _PodLoop(
+                    address,
+                    self._scraper_factory(address),
+                    slots=self._slots,
+                    first=self._rng.uniform(0, self._interval),
+                    next_wake=self._next_wake,
+                    record=self._on_outcome,
                 )
 
     async def stop(self) -> None:
-        """Stop the publisher and every pod loop; each loop closes its connection."""
+        """Stop the publisher and every pod loop; each pod's connection is closed."""
         self._stopping = True
-        tasks = [*self._loops.values(), *self._retiring]
-        if self._publisher is not None:
-            tasks.append(self._publisher)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for pod in self._loops.values():
+            pod.stopped = True
         self._slots.close()
+        if self._publisher is not None:
+            self._publisher.cancel()
+        closing = [pod.scraper.aclose() for pod in self._loops.values()]
+        tasks = [*self._retiring, *([self._publisher] if self._publisher is not None else [])]
+        await asyncio.gather(*closing, *tasks, return_exceptions=True)
         log.info("stopped %d pod loops and the publisher", len(self._loops))
         self._loops.clear()
 
-    async def _run_pod(self, address: str, scraper: Scraper) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            wake = loop.time() + self._rng.uniform(0, self._interval)
-            while True:
-                await self._slots.wake_at(loop, wake)
-                started = loop.time()
-                await self._scrape_once(address, scraper)
-                raise_if_cancelling()
-                wake = started + self._interval * self._rng.uniform(1 - JITTER, 1 + JITTER)
-        finally:
-            await scraper.aclose()
+    def _next_wake(self, started: float) -> float:
+        return started + self._interval * self._rng.uniform(1 - JITTER, 1 + JITTER)
 
-    async def _scrape_once(self, address: str, scraper: Scraper) -> None:
-        started = time.perf_counter()
-        outcome: PageMetrics | Exception
-        try:
-            outcome = await scraper.scrape()
-        except Exception as exc:  # a ScrapeError, or a bug: neither may end the pod's loop
-            outcome = exc
-        finally:
-            self._metrics.scrape_duration.observe(time.perf_counter() - started)
-        # Read the state after the scrape: the publisher may have judged it meanwhile.
+    def _on_outcome(self, address: str, outcome: Outcome, duration: float) -> None:
+        self._metrics.scrape_duration.observe(duration)
+        # Read the state now: the publisher may have judged it since the scrape began.
         state = self._pool.get(address)
         if state is None:
             return

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
-from pointsman_collector.errors import PageError
-from pointsman_collector.httpclient import DEFAULT_MAX_BODY, HttpClient
+from pointsman_collector.errors import FetchError, PageError
+from pointsman_collector.httpclient import DEFAULT_MAX_BODY, HttpClient, Response
 from pointsman_shared.config import split_host_port
 from pointsman_shared.model_server import MetricNames, MetricsPageError, PageMetrics, read_page
 
+Outcome = PageMetrics | Exception
+Done = Callable[[Outcome], None]
+
 
 class Scraper(Protocol):
-    """Scrapes one pod again and again. ``scrape`` raises :class:`~pointsman_collector.errors.ScrapeError`."""
+    """Scrapes one pod again and again, one scrape at a time."""
 
-    async def scrape(self) -> PageMetrics: ...
+    def start(self, done: Done) -> None:
+        """Begin a scrape; ``done`` gets the page's numbers or the failure (a
+        :class:`~pointsman_collector.errors.ScrapeError`, or another exception for a bug), once."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -25,14 +32,30 @@ class PodScraper:
         host, port = split_host_port(address)
         self._client = HttpClient(host, port, timeout=timeout, max_body=max_body)
         self._names = names
+        self._done: Done | None = None
 
-    async def scrape(self) -> PageMetrics:
-        response = await self._client.get()
-        check_content_type(response.content_type)
-        return parse_page(response.body, self._names)
+    def start(self, done: Done) -> None:
+        self._done = done
+        self._client.start(self._on_response)
 
     async def aclose(self) -> None:
+        self._done = None
         await self._client.aclose()
+
+    def _on_response(self, response: Response | FetchError) -> None:
+        done, self._done = self._done, None
+        if done is None:
+            return
+        outcome: Outcome
+        if isinstance(response, Response):
+            try:
+                check_content_type(response.content_type)
+                outcome = parse_page(response.body, self._names)
+            except Exception as exc:  # a PageError, or a bug: the caller counts either
+                outcome = exc
+        else:
+            outcome = response
+        done(outcome)
 
 
 # The text exposition format and OpenMetrics; servers that send no type at all are given the benefit.
