@@ -102,9 +102,10 @@ class HttpClient:
             self._watchdog.cancel()
             self._watchdog = None
         self._done = None
-        if self._connecting is not None:
-            self._connecting.cancel()
-            self._connecting = None
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)  # its socket closed, if any
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()
