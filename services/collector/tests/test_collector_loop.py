@@ -167,6 +167,19 @@ async def test_unexpected_errors_and_lora_errors_are_counted_and_the_loop_goes_o
     assert h.errors("max_lora") >= 1
 
 
+async def test_a_scraper_that_raises_instead_of_answering_is_counted_and_tried_again(harness) -> None:
+    class Raising(FakeScraper):
+        def start(self, done: Done) -> None:
+            self.calls += 1
+            raise RuntimeError("bug")
+
+    h = harness()
+    h.kind = Raising
+    h.collector.start(["a", "b"])
+    await h.published(lambda pods: pods["a"].reason == "internal")
+    await eventually(lambda: h.errors("internal") >= 6 and h.scrapers["a"].calls >= 3)
+
+
 async def test_publish_failures_are_counted_retried_and_shown_in_readiness(harness, memory_sink) -> None:
     memory_sink.fail = "connection"
     h = harness()
