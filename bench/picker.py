@@ -8,7 +8,9 @@ scrapes into Redis. So the numbers are the proxies' and the picker's, not a simu
 Setups (each front Envoy ``--concurrency 1``, no access log):
 
 - Envoy alone: round robin over the pods, no ext_proc (the floor);
-- Envoy + one picker, Envoy sending requests only (headers SEND + body BUFFERED, the issue's shape);
+- Envoy + one picker, Envoy sending requests only, body FULL_DUPLEX_STREAMED (the local stack's
+  request side: one round trip to the picker per request);
+- the same with the body BUFFERED (headers SEND + body BUFFERED, the issue's shape: two round trips);
 - Envoy + one picker with response processing on (the local stack's default);
 - Envoy + two picker processes as two endpoints of the ext_proc cluster (requests only);
 - vllm-router (PyPI, Rust) in front of the same pods (round_robin; its default cache_aware in detail),
@@ -233,7 +235,7 @@ def _hcm(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def front_bootstrap(
-    pickers: Sequence[int], *, responses: bool, body_mode: str = "BUFFERED"
+    pickers: Sequence[int], *, responses: bool, body_mode: str = envoy.EnvoyOptions.request_body_mode
 ) -> tuple[dict[str, Any], int]:
     """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
     request would cost Envoy more than some of what is measured); returns it and its gateway port."""
@@ -569,12 +571,9 @@ class Bench:
         try:
             setups = {
                 "requests_only": front_bootstrap([first_port], responses=False),
+                # Envoy waits for the header answer before it sends the body: two round trips.
+                "buffered": front_bootstrap([first_port], responses=False, body_mode="BUFFERED"),
                 "with_responses": front_bootstrap([first_port], responses=True),
-                # Envoy sends the body without waiting for the header answer: one round trip to
-                # the picker per request instead of two.
-                "full_duplex": front_bootstrap(
-                    [first_port], responses=False, body_mode="FULL_DUPLEX_STREAMED"
-                ),
                 "two_processes": front_bootstrap([first_port, second_port], responses=False),
             }
             out: dict[str, Any] = {}
@@ -696,7 +695,8 @@ def main() -> int:
             "what": {
                 "top_level": (
                     f"picker.server={headline_server}; Envoy sending the picker requests only (headers "
-                    "SEND + body BUFFERED, the issue's shape); cpu_us_per_decision and "
+                    "SEND + body FULL_DUPLEX_STREAMED, the local stack's request side; headers SEND + "
+                    "body BUFFERED, the issue's shape, is servers.*.buffered); cpu_us_per_decision and "
                     "max_decisions_per_s under the closed loop, p50/p99 at `rate`"
                 ),
                 "cpu_us_per_request": (

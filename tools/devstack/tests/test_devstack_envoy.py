@@ -51,7 +51,7 @@ def test_reference_config_is_up_to_date() -> None:
             id="renamed",
         ),
         pytest.param(_options(gateway_listen="[::1]:18080", pickers=("[::1]:19002",)), id="ipv6"),
-        pytest.param(_options(request_body_mode="FULL_DUPLEX_STREAMED"), id="full-duplex"),
+        pytest.param(_options(request_body_mode="BUFFERED"), id="buffered"),
         pytest.param(_options(response_processing=False), id="requests-only"),
     ],
 )
@@ -75,9 +75,9 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     assert ext_proc["processing_mode"] == {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
-        "request_body_mode": "BUFFERED",
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
         "response_body_mode": "STREAMED",
-        "request_trailer_mode": "SKIP",
+        "request_trailer_mode": "SEND",
         "response_trailer_mode": "SKIP",
     }
     # Safe: a request the picker never answered has no destination header, so it finds no pod.
@@ -93,10 +93,7 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     ("overrides", "expected"),
     [
         ({"response_processing": False}, {"response_header_mode": "SKIP", "response_body_mode": "NONE"}),
-        (
-            {"request_body_mode": "FULL_DUPLEX_STREAMED"},
-            {"request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"},
-        ),
+        ({"request_body_mode": "BUFFERED"}, {"request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP"}),
     ],
 )
 def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str, str]) -> None:
