@@ -93,7 +93,10 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     ("overrides", "expected"),
     [
         ({"response_processing": False}, {"response_header_mode": "SKIP", "response_body_mode": "NONE"}),
-        ({"request_body_mode": "BUFFERED"}, {"request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP"}),
+        (
+            {"request_body_mode": "BUFFERED"},
+            {"request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP"},
+        ),
     ],
 )
 def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str, str]) -> None:
