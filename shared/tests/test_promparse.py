@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from pointsman_shared.promparse import PromParseError, read_family, read_first_family, read_samples
+from pointsman_shared.promparse import (
+    PromParseError,
+    _seen_sample,
+    read_family,
+    read_first_family,
+    read_samples,
+)
 
 
 @pytest.mark.parametrize(
@@ -95,6 +101,38 @@ def test_bytes_and_text_read_alike() -> None:
 def test_labels_that_are_not_utf8_raise() -> None:
     with pytest.raises(PromParseError, match="not UTF-8"):
         read_family(b'm{a="\xff"} 1\n', "m")
+
+
+# Lines seen before are not checked again (a cache by their text): a long line is not kept, and a
+# malformed one never is, short or long, so it fails every page it is on.
+LONG = "x" * 600
+
+
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        ('m{a="x"} 1\n', [('a="x"', 1.0)]),
+        (f'm{{a="{LONG}"}} 1\n', [(f'a="{LONG}"', 1.0)]),
+        ('m{a="x"} 1\nm{a="y"} 2\n', [('a="x"', 1.0), ('a="y"', 2.0)]),
+    ],
+)
+def test_a_line_read_again_reads_the_same(page: str, expected: list[tuple[str, float]]) -> None:
+    assert read_family(page, "m") == read_family(page, "m") == expected
+
+
+def test_only_short_lines_are_kept() -> None:
+    kept = _seen_sample.cache_info().currsize
+    read_family(f'm{{a="{LONG}"}} 2\n', "m")
+    assert _seen_sample.cache_info().currsize == kept
+    read_family('m{a="only-here"} 2\n', "m")
+    assert _seen_sample.cache_info().currsize == kept + 1
+
+
+@pytest.mark.parametrize("line", ['m{a="x" garbage} 1', f'm{{a="{LONG}" garbage}} 1', b'm{a="\xff"} 1'])
+def test_a_malformed_line_fails_every_time(line: str | bytes) -> None:
+    for _ in range(2):
+        with pytest.raises(PromParseError):
+            read_family(line, "m")
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 It reads only the lines of the metric names asked for (found with ``bytes.find``, not by tokenizing
 the whole page), because a vLLM page is 15-80 KB of histograms of which Pointsman needs four gauges.
-Each wanted line is checked whole by one compiled regular expression; its labels are split into a dict
+Each wanted line is checked whole by one compiled regular expression, once: a line seen before (a pod
+serves mostly the same lines scrape after scrape) is not checked again. Its labels are split into a dict
 only when someone asks for them, because most readers need the value alone.
 
 A page is read as UTF-8 bytes, as it comes off the socket: decoding all of it to text would cost more
@@ -158,16 +159,27 @@ def _read_lines(text: bytes, metric: str, name: bytes, i: int) -> list[Sample]:
         end = text.find(b"\n", i)
         if end < 0:
             end = len(text)
-        samples.append(_parse_sample(metric, text, i + size, end))
+        rest = text[i + size : end]
+        samples.append(
+            _seen_sample(metric, rest) if len(rest) <= _CACHED_LINE else _parse_sample(metric, rest)
+        )
         i = end + 1
         if not text.startswith(name, i) or text[i + size : i + size + 1] not in _AFTER_NAME:
             return samples
 
 
-def _parse_sample(name: str, text: bytes, pos: int, end: int) -> Sample:
-    match = _REST.fullmatch(text, pos, end)
+# A pod serves mostly the lines it served last time (its LoRA series, idle queues, the same counts):
+# a line seen before is not checked again. A hit (the slice and the lookup) costs ~0.4 µs, a check ~2 µs.
+# Lines up to 512 bytes, 16,384 of them: at most ~10 MB, ~6 lines of each pod of a large pool with room
+# for their changes. A malformed line raises and is not cached, so it fails every page it is on.
+_CACHED_LINE = 512
+
+
+def _parse_sample(name: str, rest: bytes) -> Sample:
+    """One sample line, after the metric name ``name``."""
+    match = _REST.fullmatch(rest)
     if match is None:
-        line = text[pos:end][:120].decode(errors="replace")
+        line = rest[:120].decode(errors="replace")
         raise PromParseError(f"{name}: malformed sample line {line!r}")
     labels, value = match.groups()
     try:
@@ -178,6 +190,9 @@ def _parse_sample(name: str, text: bytes, pos: int, end: int) -> Sample:
         return Sample(labels.decode() if labels else "", number)
     except UnicodeDecodeError:
         raise PromParseError(f"{name}: labels are not UTF-8") from None
+
+
+_seen_sample = functools.lru_cache(maxsize=16384)(_parse_sample)
 
 
 def _unescape(value: str) -> str:
