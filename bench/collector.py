@@ -6,8 +6,9 @@ loopback port with the fixture pages of ``shared/tests/data/vllm-metrics`` grown
 (``PAGE_KB``: each of the four pages at each of 27, 45, 64 and 82 KB, the pods taking the 16 in turn,
 54 KB on average; ``--page-kb N`` grows every page to N KB instead, 0 keeps the 16-30 KB fixtures); an
 observer subscribes to the pool's Redis channel. Every ``TICK`` seconds the pod server raises every
-pod's waiting queue to the tick number; the observer notes when each pod's new value first shows in
-Redis (its metric age).
+pod's waiting queue to the tick number, and every response carries a new running count and KV use
+(as a busy pod's pages do, so no two pages repeat those lines); the observer notes when each pod's new
+waiting value first shows in Redis (its metric age).
 
 - paced: ``--pods`` pods every ``--interval``; CPU of this process per wall second, and late rounds (the
   pod server sees two requests to one pod more than 1.5 intervals apart);
@@ -60,7 +61,13 @@ TICK = 0.2  # how often every pod's waiting queue changes
 WARMUP = 2.0
 BOUND = 120.0  # seconds the whole benchmark may take
 LATE = 1.5  # a gap between two scrapes of one pod longer than this many intervals is a late round
-_WAITING = re.compile(rb"^(vllm:num_requests_waiting(?:\{[^\n]*\})?) [^\n]*$", re.MULTILINE)
+# The sample lines whose values the pod server changes: the waiting queue (the tick, for metric age) and,
+# as on a busy pod, the running count and KV use (different on every response of every pod).
+_CHANGING = re.compile(
+    rb"^(vllm:(num_requests_waiting|num_requests_running|kv_cache_usage_perc|gpu_cache_usage_perc)"
+    rb"(?:\{[^\n]*\})?) [^\n]*$",
+    re.MULTILINE,
+)
 
 
 # --- the pod server (its own process) -------------------------------------------------------------
@@ -75,6 +82,7 @@ class _PagePod(asyncio.Protocol):
         self._arrivals = arrivals
         self._transport: asyncio.Transport | None = None
         self._buffer = b""
+        self._served = 0  # this pod's responses so far: its running count and KV use follow it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -85,7 +93,8 @@ class _PagePod(asyncio.Protocol):
             self._buffer = self._buffer[end + 4 :]
             self._arrivals.append(time.monotonic())
             assert self._transport is not None
-            self._transport.write(self._server.response(self._template))
+            self._served += 1
+            self._transport.write(self._server.response(self._template, self._served))
 
 
 class _PodServer:
@@ -95,15 +104,10 @@ class _PodServer:
         pages = [_grown(page, kb) for kb in page_kb for page in fixtures]
         self.variants = len(pages)
         self._templates = [_template(page) for page in pages]
-        self._tick = -1
-        self._responses: list[bytes] = []
 
-    def response(self, template: int) -> bytes:
+    def response(self, template: int, served: int) -> bytes:
         tick = max(0, int((time.time() - self._start) / TICK))
-        if tick != self._tick:
-            self._tick = tick
-            self._responses = [_render(t, tick) for t in self._templates]
-        return self._responses[template]
+        return _render(self._templates[template], tick, served)
 
 
 def _grown(page: bytes, page_kb: int) -> bytes:
@@ -121,20 +125,35 @@ def _grown(page: bytes, page_kb: int) -> bytes:
     return grown[: grown.index(b"\n", page_kb * 1024) + 1]
 
 
-def _template(page: bytes) -> list[bytes]:
-    """The page cut around its waiting-queue values: the first gets the tick, the others (engines) 0."""
-    parts: list[bytes] = []
+Template = list[tuple[bytes, bytes]]  # (text before a changing value, which family's value it is)
+
+
+def _template(page: bytes) -> Template:
+    """The page cut around its changing values; the last part has no value after it."""
+    parts: Template = []
     last = 0
-    for match in _WAITING.finditer(page):
-        parts += [page[last : match.end(1)] + b" "]
+    for match in _CHANGING.finditer(page):
+        parts.append((page[last : match.end(1)] + b" ", match.group(2)))
         last = match.end()
-    parts.append(page[last:])
+    parts.append((page[last:], b""))
     return parts
 
 
-def _render(template: list[bytes], tick: int) -> bytes:
-    values = [b"%d.0" % tick] + [b"0.0"] * (len(template) - 2)
-    body = b"".join(p + v for p, v in zip(template, values, strict=False)) + template[-1]
+def _render(template: Template, tick: int, served: int) -> bytes:
+    """The first engine's waiting queue is the tick, other engines' 0; running and KV use move with
+    every response, so consecutive pages of a pod, and the pages of any two pods, differ in them."""
+    out: list[bytes] = []
+    first_waiting = True
+    for text, family in template:
+        out.append(text)
+        if family == b"num_requests_waiting":
+            out.append(b"%d.0" % tick if first_waiting else b"0.0")
+            first_waiting = False
+        elif family == b"num_requests_running":
+            out.append(b"%d.0" % (served % 41))
+        elif family:
+            out.append(b"0.%06d" % (served * 7919 % 1_000_000))
+    body = b"".join(out)
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n"
     return head % len(body) + body
 
@@ -152,7 +171,7 @@ async def _serve_pods(pods: int, start: float, page_kb: tuple[int, ...], conn: C
         pod = functools.partial(_PagePod, server, i % server.variants, arrivals[i])
         listener = await loop.create_server(pod, "127.0.0.1", 0)
         listeners.append(listener)
-    sizes = [len(server.response(i % server.variants)) for i in range(pods)]
+    sizes = [len(server.response(i % server.variants, 0)) for i in range(pods)]
     conn.send(([listener.sockets[0].getsockname()[1] for listener in listeners], sizes))
     # Commands: "mark" starts a new window (returns nothing), "gaps" returns the window's numbers.
     # The pod server's own CPU says whether it, not the collector, bounds the flat-out rate.
