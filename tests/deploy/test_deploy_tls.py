@@ -17,7 +17,7 @@ from deploy_kit import REPO, make_picker_tls
 from pointsman_devstack import deploy, envoy
 from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import ManagedProcess
-from pointsman_devstack.readiness import Probe, wait_ready
+from pointsman_devstack.readiness import Probe, http_ok, wait_ready
 from pointsman_devstack.stack import Stack
 
 SIDECAR = REPO / "deploy/k8s/base/picker-tls-proxy.yaml"
@@ -70,7 +70,7 @@ class Proxies:
         process = self._start(name, doc)
         self.processes.append(process)
         with httpx.Client(timeout=5.0) as client:
-            wait_ready(process, _ready(client, f"http://127.0.0.1:{admin}/ready"), timeout=30, what="ready")
+            wait_ready(process, http_ok(client, f"http://127.0.0.1:{admin}/ready"), timeout=30, what="ready")
         return f"http://127.0.0.1:{port}"
 
     def _start(self, name: str, doc: dict[str, Any]) -> ManagedProcess:
@@ -82,17 +82,6 @@ class Proxies:
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop(grace=5.0)
-
-
-def _ready(client: httpx.Client, url: str) -> Probe:
-    def probe() -> str | None:
-        try:
-            response = client.get(url)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return None if response.status_code == 200 else f"HTTP {response.status_code}"
-
-    return probe
 
 
 def _routed(client: httpx.Client, url: str) -> Probe:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from collector_process import running_collector, start_collector
 
 from pointsman_collector.__main__ import main
 from pointsman_devstack.ports import free_port
@@ -55,20 +53,6 @@ def test_the_config_path_may_come_from_the_environment(
     assert "absent.yaml" in capsys.readouterr().err
 
 
-async def run_collector(config: Path) -> asyncio.subprocess.Process:
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pointsman_collector",
-        "--config",
-        str(config),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
 async def test_serves_until_sigterm_then_exits_0(
     tmp_path: Path, redis_url: str, pod_server, fixture_page
 ) -> None:
@@ -82,38 +66,30 @@ async def test_serves_until_sigterm_then_exits_0(
         f"pool:\n  name: cli\n  endpoints: ['{pod.address}']\n  endpointsFile: {endpoints}\n"
         f"redis:\n  url: {redis_url}\ncollector:\n  listen: 127.0.0.1:{port}\n",
     )
-    process = await run_collector(config)
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            async with asyncio.timeout(10):
-                while True:
-                    try:
-                        if (await client.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.05)
-            body = (await client.get("/v1/pool")).json()
-            assert body["pool"] == "cli"
-            assert [(p["address"], p["healthy"], p["waiting"]) for p in body["pods"]] == [
-                (pod.address, True, 3)
-            ]
-            # A pod added to the endpoints file joins the pool without a restart.
-            endpoints.write_text(f"{added.address}\n")
-            async with asyncio.timeout(10):
-                while True:
-                    if len((await client.get("/v1/pool")).json()["pods"]) == 2:
-                        break
-                    await asyncio.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
+    async with (
+        running_collector(config) as run,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+    ):
         async with asyncio.timeout(10):
-            _, stderr = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    log = stderr.decode()
-    assert process.returncode == 0, log
+            while True:
+                try:
+                    if (await client.get("/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.05)
+        body = (await client.get("/v1/pool")).json()
+        assert body["pool"] == "cli"
+        assert [(p["address"], p["healthy"], p["waiting"]) for p in body["pods"]] == [(pod.address, True, 3)]
+        # A pod added to the endpoints file joins the pool without a restart.
+        endpoints.write_text(f"{added.address}\n")
+        async with asyncio.timeout(10):
+            while True:
+                if len((await client.get("/v1/pool")).json()["pods"]) == 2:
+                    break
+                await asyncio.sleep(0.05)
+    log = run.log
+    assert run.process.returncode == 0, log
     assert "Traceback" not in log
     assert "shutting down" in log
     assert log.rstrip().endswith("stopped")
@@ -127,7 +103,7 @@ async def test_a_taken_port_exits_1(tmp_path: Path, redis_url: str) -> None:
         config = write_config(
             tmp_path, f"redis:\n  url: {redis_url}\ncollector:\n  listen: 127.0.0.1:{port}\n"
         )
-        process = await run_collector(config)
+        process = await start_collector(config)
         async with asyncio.timeout(10):
             _, stderr = await process.communicate()
     assert process.returncode == 1

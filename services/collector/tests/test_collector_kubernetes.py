@@ -10,9 +10,6 @@ import asyncio
 import contextlib
 import copy
 import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from collector_process import running_collector
 
 from pointsman_collector.errors import DiscoveryError
 from pointsman_collector.kubernetes import (
@@ -470,13 +468,11 @@ async def test_the_collector_scrapes_the_pools_ready_pods(
         f"pool:\n  name: {pool['metadata']['name']}\n  kubernetes: {{kubeconfig: '{kubeconfig}'}}\n"
         f"redis:\n  url: {redis_url}\ncollector:\n  listen: 127.0.0.1:{listen}\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pointsman_collector", "--config", str(config), env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listen}") as client:
+        async with (
+            running_collector(config) as run,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{listen}") as client,
+        ):
 
             async def pods() -> list[tuple[str, bool]]:
                 async with asyncio.timeout(10):
@@ -498,12 +494,6 @@ async def test_the_collector_scrapes_the_pools_ready_pods(
             await api.watched()
             api.put_pod(pod("a", "127.0.0.1", ready=False))
             await until([])
-        process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(10):
-            _, stderr = await process.communicate()
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
         await api.aclose()
-    assert process.returncode == 0, stderr.decode()
+    assert run.process.returncode == 0, run.log

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from pointsman_devstack.errors import StackError
+
 Echo = Callable[[str, str], None]  # (process name, output line)
 
 
@@ -63,6 +65,10 @@ class ManagedProcess:
     @property
     def returncode(self) -> int | None:
         return self._popen.poll()
+
+    def error(self, message: str) -> StackError:
+        """A :class:`StackError` about this process, with the last lines of its output."""
+        return StackError(message, log_tail=self.tail(), log_path=str(self.log_path))
 
     def tail(self) -> list[str]:
         """The last lines the process wrote."""

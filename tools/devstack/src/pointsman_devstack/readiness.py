@@ -9,7 +9,6 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pointsman_devstack.errors import StackError
 from pointsman_devstack.process import ManagedProcess
 
 # None when ready, else why not (shown if the wait times out).
@@ -25,20 +24,12 @@ def wait_ready(
     while True:
         code = process.returncode
         if code is not None:
-            raise StackError(
-                f"{process.name} exited with code {code} before {what}",
-                log_tail=process.tail(),
-                log_path=str(process.log_path),
-            )
+            raise process.error(f"{process.name} exited with code {code} before {what}")
         reason = probe() or ""
         if not reason:
             return
         if time.monotonic() >= deadline:
-            raise StackError(
-                f"{process.name}: no {what} within {timeout:g}s (last probe: {reason})",
-                log_tail=process.tail(),
-                log_path=str(process.log_path),
-            )
+            raise process.error(f"{process.name}: no {what} within {timeout:g}s (last probe: {reason})")
         time.sleep(interval)
 
 

@@ -281,11 +281,7 @@ class Stack:
         for process in self._processes:
             code = process.returncode
             if code is not None:
-                raise StackError(
-                    f"{process.name} exited with code {code}",
-                    log_tail=process.tail(),
-                    log_path=str(process.log_path),
-                )
+                raise process.error(f"{process.name} exited with code {code}")
 
     def _start_all(self) -> None:
         env = dict(self.options.environ)
