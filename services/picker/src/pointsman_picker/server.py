@@ -149,10 +149,8 @@ class PickerApp:
             await self.health.set(service, status)
 
     async def stop(self, grace: float = DEFAULT_GRACE) -> None:
-        await self.health.enter_graceful_shutdown()
-        self.health_statuses.update(
-            dict.fromkeys(HEALTH_SERVICES, health_pb2.HealthCheckResponse.NOT_SERVING)
-        )
+        await self.health.enter_graceful_shutdown()  # NOT_SERVING there, and later sets are ignored
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._ready_task is not None:
             self._ready_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

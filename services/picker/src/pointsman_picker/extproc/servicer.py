@@ -28,7 +28,6 @@ from pointsman_picker.h2grpc.connection import Method, ServerStream, Status
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK_PATH = "/grpc.health.v1.Health/Check"
-HEALTH_WATCH_PATH = "/grpc.health.v1.Health/Watch"
 
 
 class ExtProcService:
@@ -157,14 +156,9 @@ class _HealthCheck:
 
 
 def native_methods(service: ExtProcService, health_statuses: Mapping[str, int]) -> dict[str, Method]:
-    """The native server's methods. Health Watch is not served on this port (the health port has it)."""
-
-    def unimplemented(server_stream: ServerStream) -> _HealthCheck:
-        server_stream.finish(Status.UNIMPLEMENTED, "Watch is served on picker.healthListen")
-        return _HealthCheck(health_statuses, server_stream)
-
+    """The native server's methods. Health Watch is not one of them: like any unknown method it gets
+    UNIMPLEMENTED on this port, and is served on ``picker.healthListen``."""
     return {
         PROCESS_PATH: lambda server_stream: _ProcessCall(service, server_stream),
         HEALTH_CHECK_PATH: lambda server_stream: _HealthCheck(health_statuses, server_stream),
-        HEALTH_WATCH_PATH: unimplemented,
     }
