@@ -92,6 +92,9 @@ class RequestLog(logging.LoggerAdapter[logging.Logger]):
         return f"[{(self.extra or {}).get('request_id', '-')}] {msg}", kwargs
 
 
+_NO_ID_LOG = RequestLog(log, {"request_id": "-"})
+
+
 class RequestStream:
     def __init__(
         self,
@@ -109,7 +112,7 @@ class RequestStream:
         self._clock = clock
         self.phase = Phase.HEADERS
         self.request_id = "-"
-        self.log = RequestLog(log, {"request_id": self.request_id})
+        self.log = _NO_ID_LOG  # until the request headers name the request
         self._chunks: list[bytes] = []
         self._size = 0
         self._body_mode: int = _MODE.NONE
