@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PACKAGES := shared services/collector services/picker services/simulator tools/devstack
+PACKAGES := shared services/collector services/picker services/simulator tools/devstack tools/quality
 CONFIG ?= config/local.yaml
 
 .PHONY: help install run test test-unit test-integration lint fmt bench bench-collector bench-picker clean up down sim-calibration
@@ -31,7 +31,7 @@ run: install ## start the local stack in the foreground (Ctrl-C stops it)
 lint: install ## ruff (format check + lint) and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy shared/src services/collector/src services/picker/src services/simulator/src tools/devstack/src
+	$(BIN)/mypy shared/src services/collector/src services/picker/src services/simulator/src tools/devstack/src tools/quality/src
 
 fmt: install ## format and autofix
 	$(BIN)/ruff format .
@@ -65,6 +65,20 @@ bench-picker: install $(BENCH_VENV)/.installed ## picker behind Envoy vs Envoy a
 		|| { apt-get update -qq && apt-get install -y -qq wrk; } || true
 	$(BIN)/python bench/picker.py $(BENCH_PICKER_ARGS)
 
+.PHONY: bench-live
+PERF_VENV := .venv-perf
+# inference-perf needs Python >= 3.12: the first of these that is one (pyenv's shims fail unless selected).
+PERF_PYTHON ?= $(firstword $(foreach p,python3.12 python3.13 $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3)),$(shell $(p) -c 'import sys; sys.version_info >= (3, 12) and print(sys.executable)' 2>/dev/null)))
+$(PERF_VENV)/.installed: requirements/perf.txt
+	@test -n "$(PERF_PYTHON)" || { echo "inference-perf needs Python >= 3.12: set PERF_PYTHON=" >&2; exit 1; }
+	test -x $(PERF_VENV)/bin/python || $(PERF_PYTHON) -m venv $(PERF_VENV)
+	$(PERF_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/perf.txt
+	$(PERF_VENV)/bin/python -m pip check
+	touch $@
+
+bench-live: install $(BENCH_VENV)/.installed $(PERF_VENV)/.installed ## the scenario live (Redis, sim pods, collector, picker, Envoy; inference-perf) vs virtual time (bench/results/live-*.json)
+	$(BIN)/python bench/live.py $(BENCH_LIVE_ARGS)
+
 sim-calibration: install ## the simulator's profiles against the published vLLM figures, check by check
 	$(BIN)/python -m pointsman_sim.calibration
 
@@ -77,3 +91,4 @@ down: ## docker compose: stop and remove the stack
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(PERF_VENV)

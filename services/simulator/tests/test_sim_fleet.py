@@ -8,7 +8,7 @@ import pytest
 
 from pointsman_shared.snapshot import PodSnapshot
 from pointsman_sim.engine import EngineConfig
-from pointsman_sim.fleet import RoundRobin, TraceRequest, least_queued, run_fleet
+from pointsman_sim.fleet import Placement, RoundRobin, TraceRequest, least_queued, run_fleet
 from pointsman_sim.traces import sharegpt_like
 
 
@@ -57,3 +57,26 @@ def test_requests_a_pod_cannot_run_are_counted_as_rejected() -> None:
 def test_empty_trace() -> None:
     result = run_fleet(configs(2), [], RoundRobin())
     assert (result.served, result.ended_at) == ((), 0.0)
+
+
+def test_requests_the_router_sheds_are_counted_and_never_queued() -> None:
+    trace = [TraceRequest(0.01 * i, 32, 4) for i in range(6)]
+    result = run_fleet(configs(2), trace, lambda request, pods: None if request.arrival < 0.025 else 1)
+    assert (result.shed, len(result.served), {s.pod for s in result.served}) == (3, 3, {1})
+
+
+def test_on_finish_hears_each_request_by_trace_index_when_it_ends() -> None:
+    trace = sharegpt_like(random.Random(2), 50, rate=20.0, adapters=(None, "a"))
+    heard: list[tuple[int, float]] = []
+    result = run_fleet(
+        configs(2), trace, RoundRobin(), on_finish=lambda i, s: heard.append((i, s.request.finished_at))
+    )
+    assert sorted(i for i, _ in heard) == list(range(50))
+    assert [t for _, t in heard] == sorted(t for _, t in heard)  # told in time order
+    assert {s.request.finished_at for s in result.served} == {t for _, t in heard}
+
+
+def test_a_placement_serves_the_adapter_the_router_rewrote_the_request_to() -> None:
+    trace = [TraceRequest(0.0, 32, 4, "public-name")]
+    result = run_fleet(configs(2), trace, lambda request, pods: Placement(1, "version-2"))
+    assert [(s.pod, s.request.adapter) for s in result.served] == [(1, "version-2")]

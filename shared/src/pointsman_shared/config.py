@@ -309,7 +309,7 @@ def parse_config(
     try:
         return PointsmanConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, [_problem(err["loc"], err["msg"]) for err in exc.errors()]) from None
+        raise ConfigError(source, validation_problems(exc)) from None
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> PointsmanConfig:
@@ -340,6 +340,12 @@ def _with_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
 
 # A validator that checks list items reports "[i]: message" or "[i].key ...": fold that into the path.
 _ITEM_PREFIX = re.compile(r"^(\[\d+\](?:\.\w+)*):?\s*")
+
+
+def validation_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """pydantic's errors as ``(path, message)`` pairs, the path written as in the document
+    (``pool.endpoints[2]``); for every file validated this way."""
+    return [_problem(err["loc"], err["msg"]) for err in exc.errors()]
 
 
 def _problem(loc: tuple[int | str, ...], msg: str) -> tuple[str, str]:

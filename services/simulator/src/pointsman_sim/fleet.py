@@ -29,8 +29,20 @@ class TraceRequest:
     adapter: str | None = None
 
 
-Router = Callable[[TraceRequest, Sequence[PodSnapshot]], int]
-"""Picks the index of the pod that serves a request, from every pod's latest snapshot."""
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A pod, and the adapter it is to serve when the router rewrote the request's model."""
+
+    pod: int
+    adapter: str | None
+
+
+Router = Callable[[TraceRequest, Sequence[PodSnapshot]], "int | Placement | None"]
+"""Picks the pod that serves a request (its index, or a :class:`Placement`), from every pod's latest
+snapshot; ``None`` sheds the request (a gateway's 429)."""
+
+FinishSink = Callable[[int, "Served"], None]
+"""Told each request that ends, by its index in the trace, at the moment it ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,8 @@ class FleetResult:
     served: tuple[Served, ...]
     rejected: int
     """Requests the chosen pod could never run (too long, LoRA disabled)."""
+    shed: int
+    """Requests the router shed (returned ``None`` for)."""
     totals: tuple[Totals, ...]
     """Per pod."""
     ended_at: float
@@ -75,8 +89,10 @@ def run_fleet(
     router: Router,
     *,
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL,
+    on_finish: FinishSink | None = None,
 ) -> FleetResult:
-    """Run the trace (sorted by arrival) through one engine per config until every request ends."""
+    """Run the trace (sorted by arrival) through one engine per config until every request ends;
+    ``on_finish`` hears of each request as it ends (a router that counts in-flight requests)."""
     if snapshot_interval <= 0:
         raise ValueError(f"snapshot_interval must be positive, got {snapshot_interval}")
     engines = [Engine(config) for config in configs]
@@ -86,7 +102,7 @@ def run_fleet(
     ]
     stepping = [False] * len(engines)
     served: list[Served] = []
-    rejected = 0
+    rejected = shed = 0
     order = itertools.count()
     events: list[tuple[float, int, int, int]] = [
         (r.arrival, _ARRIVAL, next(order), i) for i, r in enumerate(trace)
@@ -100,7 +116,11 @@ def run_fleet(
         engine = engines[pod]
         while engine.has_work:
             result = engine.step(at)
-            served.extend(Served(pod, finished) for finished in result.finished)
+            for finished in result.finished:
+                done = Served(pod, finished)
+                served.append(done)
+                if on_finish is not None:
+                    on_finish(int(finished.request_id[1:]), done)
             if result.duration:
                 stepping[pod] = True
                 heapq.heappush(events, (result.ends_at, _STEP_END, next(order), pod))
@@ -111,11 +131,15 @@ def run_fleet(
         now, kind, _, index = heapq.heappop(events)
         if kind == _ARRIVAL:
             request = trace[index]
-            pod = router(request, snapshots)
+            choice = router(request, snapshots)
+            if choice is None:
+                shed += 1
+                continue
+            pod, adapter = (
+                (choice, request.adapter) if isinstance(choice, int) else (choice.pod, choice.adapter)
+            )
             try:
-                engines[pod].submit(
-                    f"r{index}", request.prompt_tokens, request.max_tokens, request.adapter, now
-                )
+                engines[pod].submit(f"r{index}", request.prompt_tokens, request.max_tokens, adapter, now)
             except RequestRejected:
                 rejected += 1
                 continue
@@ -130,6 +154,7 @@ def run_fleet(
     return FleetResult(
         served=tuple(served),
         rejected=rejected,
+        shed=shed,
         totals=tuple(engine.totals() for engine in engines),
         ended_at=max((s.request.finished_at for s in served), default=0.0),
     )

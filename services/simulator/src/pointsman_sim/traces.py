@@ -15,7 +15,7 @@ SHAREGPT_PROMPT = (math.log(113.0), 1.1, 4, 2048)  # (mu, sigma, min, max)
 SHAREGPT_OUTPUT = (math.log(118.0), 0.95, 4, 1024)
 
 
-def _lognormal(rng: random.Random, shape: tuple[float, float, int, int]) -> int:
+def lognormal(rng: random.Random, shape: tuple[float, float, int, int]) -> int:
     mu, sigma, low, high = shape
     return min(high, max(low, round(rng.lognormvariate(mu, sigma))))
 
@@ -36,7 +36,7 @@ def sharegpt_like(
             now += rng.expovariate(rate)
         trace.append(
             TraceRequest(
-                now, _lognormal(rng, SHAREGPT_PROMPT), _lognormal(rng, SHAREGPT_OUTPUT), rng.choice(adapters)
+                now, lognormal(rng, SHAREGPT_PROMPT), lognormal(rng, SHAREGPT_OUTPUT), rng.choice(adapters)
             )
         )
     return trace

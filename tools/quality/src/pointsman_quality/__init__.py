@@ -1,0 +1,1 @@
+"""Pointsman's routing-quality benchmark."""

@@ -1,0 +1,192 @@
+"""The contenders: Pointsman's decision path under several configs, and what users deploy instead.
+
+Every contender is built fresh for each run from the scenario and a seed, as a fleet-driver router
+that also hears when each of its requests ends.
+
+- ``pointsman-*`` and ``gie-default`` run the picker's Director (:mod:`pointsman_quality.picker_path`)
+  with a Pointsman config: the scenario's ``pointsman`` fragment, the models its traffic names, then
+  the contender's own settings (``config/profiles/*.yaml`` for the documented ones).
+- ``random``, ``round-robin`` (a Kubernetes Service, Envoy ``ROUND_ROBIN``), ``least-request`` (Envoy
+  ``LEAST_REQUEST``: the fewer in-flight of two random pods, counted by the router itself) and
+  ``shortest-queue`` (the fewest waiting in the 50 ms snapshot: a naive metrics router).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from pointsman_quality.picker_path import DirectorRouter
+from pointsman_quality.scenario import Scenario, ScenarioError
+from pointsman_quality.workload import ModelMix
+from pointsman_shared.config import ConfigError, PointsmanConfig, parse_config
+from pointsman_shared.snapshot import PodSnapshot
+from pointsman_sim.fleet import Placement, TraceRequest
+
+
+class Router(Protocol):
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int | Placement | None: ...
+
+    def finished(self, request: TraceRequest) -> None: ...
+
+
+class RandomRouter:
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        return self._rng.randrange(len(pods))
+
+    def finished(self, request: TraceRequest) -> None:
+        pass
+
+
+class RoundRobinRouter:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        pod = self._next % len(pods)
+        self._next += 1
+        return pod
+
+    def finished(self, request: TraceRequest) -> None:
+        pass
+
+
+class LeastRequestRouter:
+    """Envoy's ``LEAST_REQUEST`` with equal weights: of ``choices`` pods drawn at random, the one with
+    the fewest requests this router has in flight there (the first drawn on a tie)."""
+
+    def __init__(self, rng: random.Random, choices: int = 2) -> None:
+        self._rng = rng
+        self._choices = choices
+        self._active: list[int] = []
+        self._pod_of: dict[int, int] = {}
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        if len(self._active) != len(pods):
+            self._active = [0] * len(pods)
+        drawn = [self._rng.randrange(len(pods)) for _ in range(self._choices)]
+        pod = min(drawn, key=lambda i: self._active[i])
+        self._active[pod] += 1
+        self._pod_of[id(request)] = pod
+        return pod
+
+    def finished(self, request: TraceRequest) -> None:
+        pod = self._pod_of.pop(id(request), None)
+        if pod is not None:
+            self._active[pod] -= 1
+
+
+class ShortestQueueRouter:
+    """The pod with the fewest waiting, then running, requests in its snapshot; ties at random."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        best = min((pod.waiting, pod.running) for pod in pods)
+        ties = [i for i, pod in enumerate(pods) if (pod.waiting, pod.running) == best]
+        return ties[self._rng.randrange(len(ties))]
+
+    def finished(self, request: TraceRequest) -> None:
+        pass
+
+
+BASELINES: dict[str, Callable[[random.Random], Router]] = {
+    "random": RandomRouter,
+    "round-robin": lambda rng: RoundRobinRouter(),
+    "least-request": LeastRequestRouter,
+    "shortest-queue": ShortestQueueRouter,
+}
+
+# Pointsman contenders by name: inline settings, or a file of config/profiles/ (the documented ones).
+POINTSMAN: dict[str, dict[str, Any] | str] = {
+    "pointsman-423": {"picker": {"profile": "default"}},
+    "pointsman-423-no-recent": {"picker": {"profile": "default", "countAssignments": False}},
+    "pointsman-scorer": {"picker": {"profile": "scorer"}},
+    "pointsman-scorer-no-recent": {"picker": {"profile": "scorer", "countAssignments": False}},
+    "pointsman-best": "best.yaml",
+    "gie-default": "gie-default.yaml",
+}
+
+NAMES = (*POINTSMAN, *BASELINES)
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    name: str
+    config: PointsmanConfig | None  # None for the baselines
+
+    def router(self, scenario: Scenario, seed: int) -> Router:
+        rng = random.Random(f"{scenario.seed}:{self.name}:{seed}")
+        if self.config is None:
+            return BASELINES[self.name](rng)
+        return DirectorRouter(self.config, scenario.traffic.base_model, rng)
+
+
+def models_for(scenario: Scenario) -> list[dict[str, Any]]:
+    """An InferenceModel for every model name the traffic asks for, with the scenario's criticality."""
+    names = [scenario.traffic.base_model, *ModelMix.of(scenario.traffic).adapters]
+    return [{"modelName": name, "criticality": scenario.traffic.criticality} for name in names]
+
+
+def merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` laid over ``base``: mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        old = out.get(key)
+        out[key] = merged(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    return out
+
+
+def _read(path: Path, where: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ScenarioError(where, [(where, f"cannot read {path}: {exc}")]) from None
+    if not isinstance(doc, dict):
+        raise ScenarioError(where, [(where, f"{path} is not a mapping")])
+    return doc
+
+
+def contenders(scenario: Scenario, profiles_dir: Path, scenario_dir: Path | None = None) -> list[Contender]:
+    """The scenario's contenders, each Pointsman config built and validated."""
+    base: dict[str, Any] = {"models": models_for(scenario)}
+    base = merged(base, scenario.pointsman)
+    wanted: list[tuple[str, str, dict[str, Any] | None]] = []
+    for i, name in enumerate(scenario.contenders or NAMES):
+        where = f"contenders[{i}]"
+        if name in BASELINES:
+            wanted.append((where, name, None))
+        elif name in POINTSMAN:
+            spec = POINTSMAN[name]
+            wanted.append((where, name, _read(profiles_dir / spec, where) if isinstance(spec, str) else spec))
+        else:
+            raise ScenarioError(where, [(where, f"unknown contender {name!r} (known: {', '.join(NAMES)})")])
+    for i, extra in enumerate(scenario.extra_contenders):
+        where = f"extraContenders[{i}].config"
+        if isinstance(extra.config, str):
+            wanted.append((where, extra.name, _read((scenario_dir or Path.cwd()) / extra.config, where)))
+        else:
+            wanted.append((where, extra.name, extra.config))
+    built = []
+    for where, name, settings in wanted:
+        if settings is None:
+            built.append(Contender(name, None))
+            continue
+        try:
+            config = parse_config(merged(base, settings), source=name)
+        except ConfigError as exc:
+            raise ScenarioError(where, [(f"{where} ({name}) {p}", m) for p, m in exc.problems]) from None
+        built.append(Contender(name, config))
+    names = [c.name for c in built]
+    if len(set(names)) != len(names):
+        raise ScenarioError("contenders", [("contenders", "two contenders have the same name")])
+    return built

@@ -1,0 +1,100 @@
+"""The picker's own decision path in virtual time: the :class:`~pointsman_picker.director.Director` that
+the ext_proc server calls per request (model resolution, staleness, recent assignments released when
+the request ends, the configured profile), with the simulator's clock and a seeded ``random.Random``.
+
+The fleet driver refreshes every pod's snapshot each 50 ms, as the collector publishes them; this
+router wraps each refresh in a :class:`~pointsman_shared.snapshot.PoolSnapshot` for an in-memory
+snapshot source. No Redis, no gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+
+from pointsman_picker.director import Director, Routing
+from pointsman_picker.errors import PickerError
+from pointsman_picker.metrics import PickerMetrics
+from pointsman_shared.config import PointsmanConfig
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+from pointsman_sim.fleet import Placement, TraceRequest
+
+
+class FleetSnapshots:
+    """The newest pool snapshot, replaced when the fleet driver hands over a new round of pods."""
+
+    def __init__(self, pool: str) -> None:
+        self._pool = pool
+        self._pods: Sequence[PodSnapshot] | None = None
+        self._snapshot: PoolSnapshot | None = None
+
+    def update(self, pods: Sequence[PodSnapshot]) -> bool:
+        """Take a round of pods; ``True`` when it is a new one."""
+        if pods is self._pods:
+            return False
+        version = self._snapshot.version + 1 if self._snapshot else 1
+        published = max((pod.updated_at for pod in pods), default=0.0)
+        self._pods = pods
+        self._snapshot = PoolSnapshot(self._pool, version, published, tuple(pods))
+        return True
+
+    def current(self) -> PoolSnapshot | None:
+        return self._snapshot
+
+    async def wait_ready(self) -> None:  # the SnapshotSource protocol; nothing waits in virtual time
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class DirectorRouter:
+    """A fleet-driver router that asks the picker's Director for every request; ``None`` (shed) when it
+    answers with an error (a 429, or a 503 when no pod is fresh)."""
+
+    def __init__(self, config: PointsmanConfig, base_model: str, rng: random.Random) -> None:
+        self.now = 0.0
+        self._base = base_model
+        self._snapshots = FleetSnapshots(config.pool.name)
+        self.director = Director(
+            config, self._snapshots, PickerMetrics(CollectorRegistry()), rng=rng, clock=lambda: self.now
+        )
+        self._index: dict[str, int] = {}
+        self._routings: dict[int, Routing] = {}  # by id() of the trace request, while it runs
+        self._bodies: dict[tuple[str | None, int], bytes] = {}
+        self.errors: dict[int, int] = {}  # HTTP status -> count
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | None:
+        self.now = request.arrival
+        if self._snapshots.update(pods):
+            self._index = {pod.address: i for i, pod in enumerate(pods)}
+        try:
+            routing = self.director.route(self._body(request.adapter, request.prompt_tokens))
+        except PickerError as exc:
+            self.errors[exc.status] = self.errors.get(exc.status, 0) + 1
+            return None
+        self._routings[id(request)] = routing
+        target = routing.target or request.adapter
+        return Placement(self._index[routing.endpoint], None if target == self._base else target)
+
+    def finished(self, request: TraceRequest) -> None:
+        """``request`` has ended: its ext_proc stream closes, as live."""
+        routing = self._routings.pop(id(request), None)
+        if routing is not None:
+            self.director.release(routing)
+
+    def _body(self, model: str | None, prompt_tokens: int) -> bytes:
+        """The body a client would send: the prompt about four characters a token, as the simulator
+        counts them."""
+        key = (model, prompt_tokens)
+        body = self._bodies.get(key)
+        if body is None:
+            doc = {"model": model or self._base, "prompt": "x" * (4 * prompt_tokens), "max_tokens": 1}
+            body = self._bodies[key] = json.dumps(doc).encode()
+        return body

@@ -1,0 +1,79 @@
+"""One run: a contender routes the scenario's trace at one rate over the fleet; what came of it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from pointsman_quality.contenders import Contender
+from pointsman_quality.scenario import Scenario
+from pointsman_quality.workload import build_trace
+from pointsman_sim.engine import EngineConfig
+from pointsman_sim.fleet import FleetResult, run_fleet
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    rate: float
+    requests: int
+    finished: int
+    rejected: int  # shed by the router (429), or refused by the pod
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    tpot_p90_s: float
+    e2e_p90_s: float
+    tokens_per_s: float  # output tokens over the run's span
+    adapter_loads_disk: int
+    adapter_loads_cpu: int
+    max_pod_share: float  # the busiest pod's share of the requests: how evenly the router spread
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank percentile of sorted ``values`` (0 for none)."""
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, max(0, int(p * len(values) + 0.5) - 1))]
+
+
+def stats(rate: float, requests: int, result: FleetResult, pods: int) -> RunStats:
+    served = [s.request for s in result.served]
+    ttft = sorted(r.time_to_first_token for r in served)
+    tpot = sorted(r.time_per_output_token for r in served if r.output_tokens > 1)
+    e2e = sorted(r.e2e_latency for r in served)
+    per_pod = [0] * pods
+    for s in result.served:
+        per_pod[s.pod] += 1
+    tokens = sum(r.output_tokens for r in served)
+    return RunStats(
+        rate=rate,
+        requests=requests,
+        finished=len(served),
+        rejected=result.rejected + result.shed,
+        ttft_p50_s=percentile(ttft, 0.5),
+        ttft_p90_s=percentile(ttft, 0.9),
+        ttft_p99_s=percentile(ttft, 0.99),
+        tpot_p90_s=percentile(tpot, 0.9),
+        e2e_p90_s=percentile(e2e, 0.9),
+        tokens_per_s=tokens / result.ended_at if result.ended_at else 0.0,
+        adapter_loads_disk=sum(t.lora_loads_from_disk for t in result.totals),
+        adapter_loads_cpu=sum(t.lora_loads_from_cpu for t in result.totals),
+        max_pod_share=max(per_pod) / len(served) if served else 0.0,
+    )
+
+
+def run(
+    scenario: Scenario,
+    contender: Contender,
+    engines: Sequence[EngineConfig],
+    rate: float,
+    duration: float,
+    seed: int = 0,
+) -> RunStats:
+    trace = build_trace(scenario, rate, duration)
+    router = contender.router(scenario, seed)
+    result = run_fleet(engines, trace, router, on_finish=lambda i, served: router.finished(trace[i]))
+    return stats(rate, len(trace), result, len(engines))

@@ -1,0 +1,246 @@
+"""A benchmark scenario: the fleet, the traffic, the load levels and the contenders, read from YAML.
+
+Every field but ``name`` has a default; an invalid file is refused with the path of each bad key, as
+the Pointsman config is. See ``bench/scenarios/README.md`` for the format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from pointsman_shared.config import ConfigError, PositiveSeconds, parse_config, validation_problems
+from pointsman_sim.engine import EngineConfig
+from pointsman_sim.profiles import ProfileError, load_profile, profile_names
+
+
+class ScenarioError(ValueError):
+    """The scenario cannot be run; ``problems`` holds ``(path, message)`` pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {path}: {message}" for path, message in problems)
+        super().__init__(f"invalid scenario {source}:\n{lines}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=False
+    )
+
+
+# EngineConfig fields a scenario may set, per fleet or per pod.
+ENGINE_KEYS = (
+    "num_gpu_blocks",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_loras",
+    "max_cpu_loras",
+)
+
+
+class EngineOverrides(_Model):
+    num_gpu_blocks: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_loras: int | None = Field(default=None, ge=0)
+    max_cpu_loras: int | None = Field(default=None, ge=0)
+
+    def values(self) -> dict[str, Any]:
+        return {key: value for key in ENGINE_KEYS if (value := getattr(self, key)) is not None}
+
+
+class PodOverrides(EngineOverrides):
+    pods: tuple[Annotated[int, Field(ge=0)], ...] = Field(min_length=1)
+    """The indexes of the pods these values apply to."""
+
+
+class FleetSpec(_Model):
+    pods: int = Field(default=8, ge=1, le=1024)
+    profile: str = "llama-3.1-8b-h100"
+    """A simulator engine profile (``pointsman-sim --list-profiles``)."""
+    engine: EngineOverrides = EngineOverrides()
+    per_pod: tuple[PodOverrides, ...] = ()
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, name: str) -> str:
+        if name not in profile_names():
+            raise ValueError(f"unknown engine profile {name!r} (known: {', '.join(profile_names())})")
+        return name
+
+    @model_validator(mode="after")
+    def _pods_exist(self) -> FleetSpec:
+        for i, group in enumerate(self.per_pod):
+            for pod in group.pods:
+                if pod >= self.pods:
+                    raise ValueError(f"[{i}].pods: pod {pod} does not exist (the fleet has {self.pods})")
+        return self
+
+
+class AdapterGroup(_Model):
+    """``count`` adapters named ``{prefix}-0`` .. sharing ``share`` of the traffic equally, or by a Zipf
+    law of exponent ``zipf`` (the first most popular)."""
+
+    prefix: str = Field(min_length=1)
+    count: int = Field(ge=1, le=10_000)
+    share: float = Field(gt=0)
+    zipf: float | None = Field(default=None, gt=0)
+
+
+class Arrivals(_Model):
+    process: Literal["poisson", "on-off"] = "poisson"
+    # on-off: bursts at peakFactor x the mean rate, silence between; a burst lasts onSeconds.
+    peak_factor: float = Field(default=3.0, gt=1)
+    on_seconds: PositiveSeconds = 5.0
+
+
+class Lengths(_Model):
+    dataset: Literal["sharegpt-like", "fixed"] = "sharegpt-like"
+    prompt_tokens: int = Field(default=200, ge=1)  # fixed only
+    output_tokens: int = Field(default=100, ge=1)  # fixed only
+
+
+class Traffic(_Model):
+    base_model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    base_share: float = Field(default=0.0, ge=0)
+    """The share of requests for the base model (no adapter), beside the adapter groups'."""
+    adapters: tuple[AdapterGroup, ...] = ()
+    criticality: Literal["Critical", "Standard", "Sheddable"] = "Critical"
+    arrivals: Arrivals = Arrivals()
+    lengths: Lengths = Lengths()
+
+    @model_validator(mode="after")
+    def _some_traffic(self) -> Traffic:
+        if self.base_share == 0 and not self.adapters:
+            raise ValueError("no traffic: set baseShare or adapters")
+        prefixes = [group.prefix for group in self.adapters]
+        if len(set(prefixes)) != len(prefixes):
+            raise ValueError("adapters: two groups have the same prefix")
+        return self
+
+
+class Capacity(_Model):
+    """Capacity = the highest arrival rate whose p99 TTFT stays under ``p99TtftBelow``, found to within
+    ``precision`` (a fraction) by doubling from ``startRps`` and then bisecting."""
+
+    p99_ttft_below: PositiveSeconds = 2.0
+    start_rps: float = Field(default=10.0, gt=0)
+    precision: float = Field(default=0.05, gt=0, lt=1)
+
+
+class LoadSpec(_Model):
+    levels: tuple[Annotated[float, Field(gt=0)], ...] = (0.3, 0.5, 0.7, 0.85, 0.9, 0.95, 1.0, 1.1)
+    """Fractions of the reference contender's capacity."""
+    reference: str = "pointsman-423"
+    duration: PositiveSeconds = 120.0
+    """Seconds of arrivals in each run (every request then runs to its end)."""
+    capacity: Capacity = Capacity()
+
+
+class Variant(_Model):
+    """The same scenario again with other engine values (e.g. ``max_loras`` 3 beside 4)."""
+
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    engine: EngineOverrides = EngineOverrides()
+
+
+class ContenderSpec(_Model):
+    """A Pointsman config of the scenario's own, run as a contender (``config``: a path, relative to
+    the scenario file, or the config inline)."""
+
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    config: str | dict[str, Any]
+
+
+class Quick(_Model):
+    """What ``QUICK=1`` runs instead: fewer levels, shorter runs, the first variant only."""
+
+    levels: tuple[Annotated[float, Field(gt=0)], ...] = (0.5, 0.9)
+    duration: PositiveSeconds = 30.0
+    contenders: tuple[str, ...] | None = None
+
+
+class Scenario(_Model):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str = ""
+    seed: int = 1
+    fleet: FleetSpec = FleetSpec()
+    variants: tuple[Variant, ...] = ()
+    traffic: Traffic
+    load: LoadSpec = LoadSpec()
+    contenders: tuple[str, ...] | None = None
+    """Built-in contender names (``pointsman-quality --list-contenders``); default: all of them."""
+    extra_contenders: tuple[ContenderSpec, ...] = ()
+    pointsman: dict[str, Any] = Field(default_factory=dict)
+    """A Pointsman config fragment laid under every Pointsman contender's own (models, scheduling
+    thresholds, picker settings)."""
+    quick: Quick = Quick()
+
+    @field_validator("pointsman")
+    @classmethod
+    def _valid_fragment(cls, fragment: dict[str, Any]) -> dict[str, Any]:
+        try:
+            parse_config(fragment, source="pointsman")
+        except ConfigError as exc:
+            path, message = exc.problems[0]
+            raise ValueError(f"{path}: {message}") from None
+        return fragment
+
+    @model_validator(mode="after")
+    def _unique_variants(self) -> Scenario:
+        names = [variant.name for variant in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError("variants: two variants have the same name")
+        return self
+
+
+def parse_scenario(doc: Any, *, source: str = "<scenario>") -> Scenario:
+    if not isinstance(doc, dict):
+        raise ScenarioError(source, [("", "the document must be a mapping")])
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as exc:
+        raise ScenarioError(source, validation_problems(exc)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(source, [("", f"cannot read: {exc}")]) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(source, [("", f"not valid YAML: {exc}")]) from None
+    return parse_scenario(doc, source=source)
+
+
+def engine_configs(scenario: Scenario, variant: Variant | None = None) -> list[EngineConfig]:
+    """One engine config per pod: the profile, the fleet's values, the variant's, then each pod's."""
+    try:
+        base = load_profile(scenario.fleet.profile).engine
+    except ProfileError as exc:  # the validator checked the name; a broken profile file is a bug
+        raise ScenarioError("fleet.profile", [("fleet.profile", str(exc))]) from None
+    common = {**scenario.fleet.engine.values(), **(variant.engine.values() if variant else {})}
+    configs = []
+    for pod in range(scenario.fleet.pods):
+        values = dict(common)
+        for group in scenario.fleet.per_pod:
+            if pod in group.pods:
+                values.update(group.values())
+        try:
+            configs.append(dataclasses.replace(base, **values))
+        except ValueError as exc:
+            where = f"variants[{variant.name}].engine" if variant else "fleet.engine"
+            raise ScenarioError(where, [(where, f"pod {pod}: {exc}")]) from None
+    return configs

@@ -1,0 +1,102 @@
+"""A scenario's traffic as an arrival trace for the fleet driver, at any mean rate.
+
+The i-th request has the same lengths and model at every rate (they come from their own random
+stream), so runs at different rates differ only in how fast the same requests arrive.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import accumulate
+
+from pointsman_quality.scenario import Scenario, Traffic
+from pointsman_sim.fleet import TraceRequest
+from pointsman_sim.traces import SHAREGPT_OUTPUT, SHAREGPT_PROMPT, lognormal
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMix:
+    """The model names requests ask for (``None``: the base model) and their shares of the traffic."""
+
+    names: tuple[str | None, ...]
+    weights: tuple[float, ...]
+
+    @classmethod
+    def of(cls, traffic: Traffic) -> ModelMix:
+        names: list[str | None] = []
+        weights: list[float] = []
+        if traffic.base_share:
+            names.append(None)
+            weights.append(traffic.base_share)
+        for group in traffic.adapters:
+            if group.zipf is None:
+                split = [1.0] * group.count
+            else:
+                split = [1.0 / (k + 1) ** group.zipf for k in range(group.count)]
+            total = sum(split)
+            names.extend(f"{group.prefix}-{k}" for k in range(group.count))
+            weights.extend(group.share * w / total for w in split)
+        return cls(tuple(names), tuple(weights))
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(name for name in self.names if name is not None)
+
+    def drawer(self) -> _Draw:
+        return _Draw(self.names, list(accumulate(self.weights)))
+
+
+class _Draw:
+    __slots__ = ("_bounds", "_names")
+
+    def __init__(self, names: tuple[str | None, ...], bounds: list[float]) -> None:
+        self._names = names
+        self._bounds = bounds
+
+    def __call__(self, rng: random.Random) -> str | None:
+        i = bisect_right(self._bounds, rng.random() * self._bounds[-1])
+        return self._names[min(i, len(self._names) - 1)]
+
+
+def arrivals(scenario: Scenario, rate: float, duration: float, rng: random.Random) -> list[float]:
+    """Arrival times over ``duration`` seconds at a mean of ``rate`` per second."""
+    spec = scenario.traffic.arrivals
+    times: list[float] = []
+    if spec.process == "poisson":
+        now = rng.expovariate(rate)
+        while now < duration:
+            times.append(now)
+            now += rng.expovariate(rate)
+        return times
+    # on-off: Poisson at peak x rate during each burst, then silence, so the mean stays `rate`.
+    peak = rate * spec.peak_factor
+    period = spec.on_seconds * spec.peak_factor
+    start = 0.0
+    while start < duration:
+        now = start + rng.expovariate(peak)
+        end = min(start + spec.on_seconds, duration)
+        while now < end:
+            times.append(now)
+            now += rng.expovariate(peak)
+        start += period
+    return times
+
+
+def build_trace(scenario: Scenario, rate: float, duration: float) -> list[TraceRequest]:
+    """The scenario's requests arriving at ``rate`` per second for ``duration`` seconds."""
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    traffic = scenario.traffic
+    times = arrivals(scenario, rate, duration, random.Random(f"{scenario.seed}:arrivals:{rate!r}"))
+    shapes = random.Random(f"{scenario.seed}:requests")
+    draw = ModelMix.of(traffic).drawer()
+    trace = []
+    for at in times:
+        if traffic.lengths.dataset == "fixed":
+            prompt, output = traffic.lengths.prompt_tokens, traffic.lengths.output_tokens
+        else:
+            prompt, output = lognormal(shapes, SHAREGPT_PROMPT), lognormal(shapes, SHAREGPT_OUTPUT)
+        trace.append(TraceRequest(at, prompt, output, draw(shapes)))
+    return trace
