@@ -21,6 +21,7 @@ def pod(
     adapters: Iterable[str] = (),
     *,
     address: str = "10.0.0.1:8000",
+    running: int = 0,
     waiting_adapters: Iterable[str] = (),
     updated_at: float = NOW,
     healthy: bool = True,
@@ -29,6 +30,7 @@ def pod(
     return PodSnapshot(
         address=address,
         waiting=waiting,
+        running=running,
         kv_cache_usage=kv,
         max_lora=max_lora,
         running_adapters=frozenset(adapters),

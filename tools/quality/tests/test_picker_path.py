@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
-from pointsman_quality.picker_path import DirectorRouter
+from pointsman_quality.picker_path import DirectorRouter, request_body
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import Placement, TraceRequest
@@ -133,18 +133,14 @@ def scripted_run(seed: int = 7) -> list[Event]:
         arrivals = sorted(now + rng.uniform(0.001, TICK - 0.001) for _ in range(rng.randrange(0, 5)))
         for arrival in arrivals:
             adapter = UNKNOWN if rng.random() < 0.04 else rng.choice(ASKED)
-            events.append(Route(index, TraceRequest(arrival, 64, 16, adapter), pods))
+            prompt = rng.choice((16, 64, 300, 2000))  # sizes a picker that weighs prompts tells apart
+            events.append(Route(index, TraceRequest(arrival, prompt, 16, adapter), pods))
             in_flight.append(index)
             index += 1
             while in_flight and (len(in_flight) > 24 or rng.random() < 0.45):
                 events.append(Finish(in_flight.pop(rng.randrange(len(in_flight)))))
         now += TICK
     return events
-
-
-def request_body(request: TraceRequest) -> bytes:
-    """The body DirectorRouter routes for ``request``."""
-    return json.dumps({"model": request.adapter or BASE, "prompt": "x"}).encode()
 
 
 Decision = tuple[str, str] | int  # (endpoint, the model sent to it) or an HTTP status
@@ -231,7 +227,7 @@ async def live_decisions(
                 clock.now = event.request.arrival
                 call = stub.Process()
                 streams[event.index] = call
-                sent = request_body(event.request)
+                sent = request_body(event.request.adapter or BASE, event.request.prompt_tokens)
                 await call.write(post_headers())
                 assert (await call.read()).WhichOneof("response") == "request_headers"
                 await call.write(body(sent))

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from pointsman_picker.scheduling.plugins import PluginError
+from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_quality.picker_path import DirectorRouter
 from pointsman_quality.scenario import Scenario, ScenarioError
 from pointsman_quality.workload import ModelMix
@@ -183,8 +185,11 @@ def contenders(scenario: Scenario, profiles_dir: Path, scenario_dir: Path | None
             continue
         try:
             config = parse_config(merged(base, settings), source=name)
+            build_profile(config)  # the plugins and profiles too, before any run
         except ConfigError as exc:
             raise ScenarioError(where, [(f"{where} ({name}) {p}", m) for p, m in exc.problems]) from None
+        except PluginError as exc:
+            raise ScenarioError(where, [(f"{where} ({name}) {exc.path}", exc.message)]) from None
         built.append(Contender(name, config))
     names = [c.name for c in built]
     if len(set(names)) != len(names):

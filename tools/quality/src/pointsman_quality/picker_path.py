@@ -90,11 +90,14 @@ class DirectorRouter:
             self.director.release(routing)
 
     def _body(self, model: str | None, prompt_tokens: int) -> bytes:
-        """The body a client would send: the prompt about four characters a token, as the simulator
-        counts them."""
         key = (model, prompt_tokens)
         body = self._bodies.get(key)
         if body is None:
-            doc = {"model": model or self._base, "prompt": "x" * (4 * prompt_tokens), "max_tokens": 1}
-            body = self._bodies[key] = json.dumps(doc).encode()
+            body = self._bodies[key] = request_body(model or self._base, prompt_tokens)
         return body
+
+
+def request_body(model: str, prompt_tokens: int) -> bytes:
+    """The body a client would send: the prompt about four characters a token, as the simulator counts
+    them (so a picker that weighs prompts sees the sizes the pods will see)."""
+    return json.dumps({"model": model, "prompt": "x" * (4 * prompt_tokens), "max_tokens": 1}).encode()

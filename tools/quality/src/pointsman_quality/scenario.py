@@ -7,11 +7,20 @@ the Pointsman config is. See ``bench/scenarios/README.md`` for the format.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from pointsman_shared.config import ConfigError, PositiveSeconds, parse_config, validation_problems
@@ -46,6 +55,20 @@ ENGINE_KEYS = (
 )
 
 
+# What targets may name: a run's figures (see pointsman_quality.runs.RunStats) and the capacity.
+TARGET_METRICS = (
+    "capacity",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p90_s",
+    "e2e_p90_s",
+    "tokens_per_s",
+    "adapter_loads",
+    "rejected",
+)
+
+
 class EngineOverrides(_Model):
     num_gpu_blocks: int | None = Field(default=None, ge=1)
     max_num_seqs: int | None = Field(default=None, ge=1)
@@ -77,13 +100,15 @@ class FleetSpec(_Model):
             raise ValueError(f"unknown engine profile {name!r} (known: {', '.join(profile_names())})")
         return name
 
-    @model_validator(mode="after")
-    def _pods_exist(self) -> FleetSpec:
-        for i, group in enumerate(self.per_pod):
+    @field_validator("per_pod")
+    @classmethod
+    def _pods_exist(cls, groups: tuple[PodOverrides, ...], info: ValidationInfo) -> tuple[PodOverrides, ...]:
+        pods = info.data.get("pods")
+        for i, group in enumerate(groups):
             for pod in group.pods:
-                if pod >= self.pods:
-                    raise ValueError(f"[{i}].pods: pod {pod} does not exist (the fleet has {self.pods})")
-        return self
+                if pods is not None and pod >= pods:
+                    raise ValueError(f"[{i}].pods: pod {pod} does not exist (the fleet has {pods})")
+        return groups
 
 
 class AdapterGroup(_Model):
@@ -161,6 +186,35 @@ class ContenderSpec(_Model):
     config: str | dict[str, Any]
 
 
+class Target(_Model):
+    """A claim the report checks: ``contender``'s ``metric`` at the levels in ``levels`` (inclusive
+    bounds) is at most ``atMost`` (or at least ``atLeast``) times ``than``'s (``others``: the best
+    other contender's), or the lowest (``best: lowest``) or highest of every contender's. The
+    ``capacity`` metric is checked once, not per level."""
+
+    contender: str = Field(min_length=1)
+    metric: str
+    than: str | None = None
+    at_most: float | None = Field(default=None, gt=0)
+    at_least: float | None = Field(default=None, gt=0)
+    best: Literal["lowest", "highest"] | None = None
+    levels: tuple[float, float] = (0.0, math.inf)
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in TARGET_METRICS:
+            raise ValueError(f"unknown metric {metric!r} (known: {', '.join(TARGET_METRICS)})")
+        return metric
+
+    @model_validator(mode="after")
+    def _one_comparison(self) -> Target:
+        relative = self.than is not None and (self.at_most is None) != (self.at_least is None)
+        if relative == (self.best is not None):
+            raise ValueError("give `than` with one of atMost / atLeast, or `best`")
+        return self
+
+
 class Quick(_Model):
     """What ``QUICK=1`` runs instead: fewer levels, shorter runs, the first variant only."""
 
@@ -184,6 +238,10 @@ class Scenario(_Model):
     """A Pointsman config fragment laid under every Pointsman contender's own (models, scheduling
     thresholds, picker settings)."""
     quick: Quick = Quick()
+    targets: tuple[Target, ...] = ()
+    summary_variant: str | None = None
+    """Write this variant's results (``""`` for a scenario without variants) to
+    ``quality-summary.json`` too."""
 
     @field_validator("pointsman")
     @classmethod
@@ -195,12 +253,21 @@ class Scenario(_Model):
             raise ValueError(f"{path}: {message}") from None
         return fragment
 
-    @model_validator(mode="after")
-    def _unique_variants(self) -> Scenario:
-        names = [variant.name for variant in self.variants]
+    @field_validator("variants")
+    @classmethod
+    def _unique_variants(cls, variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
+        names = [variant.name for variant in variants]
         if len(set(names)) != len(names):
-            raise ValueError("variants: two variants have the same name")
-        return self
+            raise ValueError("two variants have the same name")
+        return variants
+
+    @field_validator("summary_variant")
+    @classmethod
+    def _known_variant(cls, name: str | None, info: ValidationInfo) -> str | None:
+        names = [variant.name for variant in info.data.get("variants", ())] or [""]
+        if name is not None and name not in names:
+            raise ValueError(f"no variant {name!r} (have: {', '.join(map(repr, names))})")
+        return name
 
 
 def parse_scenario(doc: Any, *, source: str = "<scenario>") -> Scenario:

@@ -97,12 +97,14 @@ class Sweep:
         self._executor = executor
         self._levels = tuple(levels)
         self._duration = duration
+        self.runs = 0  # how many runs so far
 
     def _runs(self, jobs: Iterable[tuple[Contender, list[EngineConfig], float]]) -> list[RunStats]:
         futures: list[Future[RunStats]] = [
             self._executor.submit(run, self._scenario, contender, engines, rate, self._duration)
             for contender, engines, rate in jobs
         ]
+        self.runs += len(futures)
         return [f.result() for f in futures]
 
     def capacities(self, engines: list[EngineConfig], names: Iterable[str]) -> dict[str, Capacity]:

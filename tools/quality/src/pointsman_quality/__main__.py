@@ -1,0 +1,155 @@
+"""``pointsman-quality``: run scenario files, write the reports (``make bench-quality``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from pointsman_quality import report
+from pointsman_quality.contenders import NAMES, contenders
+from pointsman_quality.scenario import Scenario, ScenarioError, engine_configs, load_scenario
+from pointsman_quality.sweep import Sweep, VariantResult
+
+log = logging.getLogger("pointsman_quality")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="pointsman-quality",
+        description="Route a scenario's traffic through Pointsman's decision path and the routers users "
+        "deploy instead, on the simulator's fleet in virtual time; write Markdown, JSON and PNG reports.",
+    )
+    parser.add_argument("scenarios", nargs="*", type=Path, help="scenario files (bench/scenarios/*.yaml)")
+    parser.add_argument(
+        "--quick", action="store_true", help="the scenario's quick section: fewer levels, shorter runs"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="report folder (default bench/results, or bench/results/quick with --quick)",
+    )
+    parser.add_argument(
+        "--profiles-dir",
+        type=Path,
+        default=Path("config/profiles"),
+        help="where the documented contender configs are (default config/profiles)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (default: one per core)"
+    )
+    parser.add_argument("--contenders", help="comma-separated names, instead of the scenario's")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--list-contenders", action="store_true", help="print the built-in contenders and exit"
+    )
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
+    )
+    return parser.parse_args(argv)
+
+
+def plan(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, tuple[float, ...], float]:
+    """The scenario as this invocation runs it, its load levels and run duration."""
+    names = scenario.contenders
+    if args.contenders:
+        names = tuple(n.strip() for n in args.contenders.split(",") if n.strip())
+    elif args.quick and scenario.quick.contenders is not None:
+        names = scenario.quick.contenders
+    if args.quick:
+        update = {"contenders": names, "variants": scenario.variants[:1]}
+        return scenario.model_copy(update=update), scenario.quick.levels, scenario.quick.duration
+    return scenario.model_copy(update={"contenders": names}), scenario.load.levels, scenario.load.duration
+
+
+def run_scenario(path: Path, args: argparse.Namespace, executor: ProcessPoolExecutor) -> list[report.Check]:
+    scenario, levels, duration = plan(load_scenario(path), args)
+    built = contenders(scenario, args.profiles_dir, path.parent)
+    names = {c.name for c in built}
+    problems = [
+        (f"targets[{i}].{key}", f"{name!r} is not a contender of this run")
+        for i, t in enumerate(scenario.targets)
+        for key, name in (("contender", t.contender), ("than", t.than))
+        if name is not None and name != report.OTHERS and name not in names
+    ]
+    if scenario.load.reference not in names:
+        problems.append(("load.reference", f"{scenario.load.reference!r} is not a contender of this run"))
+    if problems and not args.contenders:
+        raise ScenarioError(str(path), problems)
+    if problems:  # a hand-picked subset: targets naming others are skipped
+        scenario = scenario.model_copy(
+            update={
+                "targets": tuple(
+                    t
+                    for t in scenario.targets
+                    if {t.contender, t.than or t.contender} - {report.OTHERS} <= names
+                )
+            }
+        )
+        if scenario.load.reference not in names:
+            raise ScenarioError(str(path), [p for p in problems if p[0] == "load.reference"])
+    started = time.monotonic()
+    sweep = Sweep(scenario, built, executor, levels=levels, duration=duration)
+    results: list[VariantResult] = []
+    for variant in scenario.variants or (None,):
+        log.info("%s%s: %d contenders", scenario.name, f" / {variant.name}" if variant else "", len(built))
+        results.append(sweep.variant(engine_configs(scenario, variant), variant))
+    info = {
+        "quick": args.quick,
+        "duration_s": duration,
+        "runs": sweep.runs,
+        "wall_s": round(time.monotonic() - started, 1),
+        "python": platform.python_version(),
+    }
+    out = args.out or (Path("bench/results/quick") if args.quick else Path("bench/results"))
+    checks = report.write(out, scenario, results, info, with_plots=not args.no_plots)
+    met = sum(c.met for c in checks)
+    log.info(
+        "%s: %s; report %s",
+        scenario.name,
+        f"{met}/{len(checks)} target checks met" if checks else "no targets",
+        out / f"quality-{scenario.name}.md",
+    )
+    for c in checks:
+        if not c.met:
+            log.warning(
+                "missed: %s (%s, load %s): %.4g against %.4g",
+                c.describe(),
+                c.variant or "-",
+                c.level,
+                c.value,
+                c.reference,
+            )
+    return checks
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    if args.list_contenders:
+        print("\n".join(NAMES))
+        return 0
+    if not args.scenarios:
+        print("pointsman-quality: give at least one scenario file", file=sys.stderr)
+        return 2
+    try:
+        with ProcessPoolExecutor(max(1, args.jobs)) as executor:
+            for path in args.scenarios:
+                run_scenario(path, args, executor)
+    except ScenarioError as exc:
+        print(f"pointsman-quality: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

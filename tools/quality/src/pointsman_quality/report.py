@@ -1,0 +1,295 @@
+"""What a sweep found, written down: the targets checked, a Markdown report with PNG plots, and JSON.
+
+- ``quality-SCENARIO.md``: per variant, the capacities, a table per load level, the plots; then the
+  scenario's targets, each marked met or missed.
+- ``quality-SCENARIO.json``: every figure of every run.
+- ``quality-summary.json``: one variant in the fixed shape other tools read (the scenario's
+  ``summaryVariant``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pointsman_quality.runs import RunStats
+from pointsman_quality.scenario import Scenario, Target
+from pointsman_quality.sweep import VariantResult
+
+SUMMARY_FIELDS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p90_s",
+    "e2e_p90_s",
+    "tokens_per_s",
+    "adapter_loads",
+    "rejected",
+)
+
+
+OTHERS = "others"  # a target's `than`: the best of the other contenders on that metric
+
+
+def metric(stats: RunStats, name: str) -> float:
+    if name == "adapter_loads":
+        return stats.adapter_loads_disk + stats.adapter_loads_cpu
+    value: float = getattr(stats, name)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    target: Target
+    variant: str
+    level: float | None  # None for capacity
+    value: float
+    reference: float  # what the value was held against (the bound, or the best other contender's)
+    met: bool
+
+    def describe(self) -> str:
+        t = self.target
+        if t.best is not None:
+            claim = f"{t.metric} {t.best} of all"
+        else:
+            word, factor = ("≤", t.at_most) if t.at_most is not None else ("≥", t.at_least)
+            claim = f"{t.metric} {word} {factor:g} x {t.than}"
+        return f"{t.contender}: {claim}"
+
+
+def check(target: Target, result: VariantResult) -> list[Check]:
+    """The target against one variant's results: one check for capacity, else one per level in range."""
+    if target.contender not in result.capacity:
+        return []
+    if target.metric == "capacity":
+        values = {name: cap.rate for name, cap in result.capacity.items()}
+        return [_compare(target, result.variant, None, values)]
+    checks = []
+    low, high = target.levels
+    for level, runs in result.levels:
+        if low - 1e-9 <= level <= high + 1e-9:
+            values = {name: metric(stats, target.metric) for name, stats in runs.items()}
+            checks.append(_compare(target, result.variant, level, values))
+    return checks
+
+
+def _compare(target: Target, variant: str, level: float | None, values: Mapping[str, float]) -> Check:
+    value = values[target.contender]
+    if target.best is not None:
+        others = [v for name, v in values.items() if name != target.contender]
+        if target.best == "lowest":
+            reference = min(others, default=math.inf)
+            met = value <= reference
+        else:
+            reference = max(others, default=-math.inf)
+            met = value >= reference
+        return Check(target, variant, level, value, reference, met)
+    assert target.than is not None  # the scenario's validator makes sure
+    if target.than == OTHERS:
+        others = [v for name, v in values.items() if name != target.contender]
+        base = (min if target.at_most is not None else max)(others, default=math.nan)
+    else:
+        base = values.get(target.than, math.nan)
+    if target.at_most is not None:
+        reference = target.at_most * base
+        met = value <= reference
+    else:
+        assert target.at_least is not None
+        reference = target.at_least * base
+        met = value >= reference
+    return Check(target, variant, level, value, reference, met)
+
+
+def summary(scenario: Scenario, result: VariantResult) -> dict[str, Any]:
+    return {
+        "scenario": scenario.name,
+        "variant": result.variant,
+        "pods": scenario.fleet.pods,
+        "capacity_rps": {name: round(cap.rate, 2) for name, cap in result.capacity.items()},
+        "levels": [
+            {
+                "load": level,
+                "contenders": {
+                    name: {key: _round(metric(stats, key)) for key in SUMMARY_FIELDS}
+                    for name, stats in runs.items()
+                },
+            }
+            for level, runs in result.levels
+        ],
+    }
+
+
+def full(
+    scenario: Scenario, results: Sequence[VariantResult], checks: Sequence[Check], info: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {
+        "scenario": scenario.name,
+        "pods": scenario.fleet.pods,
+        **info,
+        "variants": [
+            {
+                "variant": r.variant,
+                "capacity_rps": {n: round(c.rate, 2) for n, c in r.capacity.items()},
+                "capacity_is_lower_bound": sorted(n for n, c in r.capacity.items() if c.lower_bound_only),
+                "levels": [
+                    {
+                        "load": level,
+                        "contenders": {
+                            n: {k: _round(v) for k, v in s.as_dict().items()} for n, s in runs.items()
+                        },
+                    }
+                    for level, runs in r.levels
+                ],
+            }
+            for r in results
+        ],
+        "targets": [
+            {
+                "target": c.describe(),
+                "variant": c.variant,
+                "load": c.level,
+                "value": _round(c.value),
+                "reference": _round(c.reference),
+                "met": c.met,
+            }
+            for c in checks
+        ],
+    }
+
+
+def _round(value: float) -> float:
+    if isinstance(value, int) or not math.isfinite(value):
+        return value
+    return round(value, 4 if abs(value) < 10 else 1)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f}" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def plot(scenario: Scenario, result: VariantResult, out: Path) -> list[Path]:
+    """p90 TTFT and output tokens/s against load, one line per contender; the PNGs written."""
+    import matplotlib  # a slow import, and only the report needs it
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    names = list(result.capacity)
+    loads = [level for level, _ in result.levels]
+    suffix = f"-{result.variant}" if result.variant else ""
+    paths = []
+    for key, stem, label, log in (
+        ("ttft_p90_s", "ttft-p90", "p90 TTFT (s, log scale)", True),
+        ("tokens_per_s", "throughput", "output tokens/s", False),
+    ):
+        figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+        for name in names:
+            axes.plot(
+                loads,
+                [metric(runs[name], key) for _, runs in result.levels],
+                marker="o",
+                linewidth=2.4 if name.startswith("pointsman-best") else 1.2,
+                label=name,
+            )
+        if log:
+            axes.set_yscale("log")
+        axes.set_xlabel(f"load (fraction of {scenario.load.reference}'s capacity)")
+        axes.set_ylabel(label)
+        axes.set_title(f"{scenario.name}{suffix}: {label.split(' (')[0]}")
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(fontsize=7, ncol=2)
+        figure.tight_layout()
+        path = out / f"quality-{scenario.name}{suffix}-{stem}.png"
+        figure.savefig(path)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def markdown(
+    scenario: Scenario,
+    results: Sequence[VariantResult],
+    checks: Sequence[Check],
+    plots: Mapping[str, Sequence[Path]],
+    info: Mapping[str, Any],
+) -> str:
+    lines = [f"# Routing quality: `{scenario.name}`", ""]
+    if scenario.description:
+        lines += [scenario.description.strip(), ""]
+    lines += [
+        f"Virtual time (the simulator's fleet driver, the picker's own Director for Pointsman's contenders); "
+        f"{scenario.fleet.pods} pods of `{scenario.fleet.profile}`; {info['duration_s']:g} s of arrivals per "
+        f"run; seed {scenario.seed}; capacity = the highest rate with p99 TTFT under "
+        f"{scenario.load.capacity.p99_ttft_below:g} s; load = a fraction of `{scenario.load.reference}`'s "
+        f"capacity. {info['runs']} runs in {info['wall_s']:.0f} s of wall time"
+        + (" (QUICK: fewer levels, shorter runs)." if info.get("quick") else "."),
+        "",
+    ]
+    if checks:
+        met = sum(c.met for c in checks)
+        lines += [f"## Targets: {met} of {len(checks)} checks met", ""]
+        lines += ["| target | variant | load | value | against | |", "|---|---|---|---|---|---|"]
+        for c in checks:
+            load = "capacity" if c.level is None else f"{c.level:g}"
+            lines.append(
+                f"| {c.describe()} | {c.variant or '-'} | {load} | {c.value:.4g} | {c.reference:.4g} | "
+                f"{'met' if c.met else '**missed**'} |"
+            )
+        lines.append("")
+    for result in results:
+        title = f"variant `{result.variant}`" if result.variant else "results"
+        lines += [f"## {title}", ""]
+        rr = result.capacity.get("round-robin")
+        lines += ["| contender | capacity (req/s) | x round-robin |", "|---|---|---|"]
+        for name, cap in sorted(result.capacity.items(), key=lambda kv: -kv[1].rate):
+            times = f"{cap.rate / rr.rate:.1f}" if rr and rr.rate else "-"
+            bound = " (at least)" if cap.lower_bound_only else ""
+            lines.append(f"| {name} | {cap.rate:.1f}{bound} | {times} |")
+        lines.append("")
+        for path in plots.get(result.variant, ()):
+            lines += [f"![{path.stem}]({path.name})", ""]
+        for level, runs in result.levels:
+            rate = next(iter(runs.values())).rate if runs else 0.0
+            lines += [
+                f"### load {level:g} ({rate:.1f} req/s)",
+                "",
+                "| contender | TTFT p50 (ms) | p90 | p99 | TPOT p90 (ms) | e2e p90 (s) | tokens/s | "
+                "adapter loads disk/CPU | 429s | finished |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            for name, s in sorted(runs.items(), key=lambda kv: kv[1].ttft_p90_s):
+                lines.append(
+                    f"| {name} | {_ms(s.ttft_p50_s)} | {_ms(s.ttft_p90_s)} | {_ms(s.ttft_p99_s)} | "
+                    f"{s.tpot_p90_s * 1000:.1f} | {s.e2e_p90_s:.2f} | {s.tokens_per_s:,.0f} | "
+                    f"{s.adapter_loads_disk}/{s.adapter_loads_cpu} | {s.rejected} | "
+                    f"{s.finished}/{s.requests} |"
+                )
+            lines.append("")
+    return "\n".join(lines)
+
+
+def write(
+    out: Path,
+    scenario: Scenario,
+    results: Sequence[VariantResult],
+    info: Mapping[str, Any],
+    *,
+    with_plots: bool = True,
+) -> list[Check]:
+    """Write the report files into ``out``; return the target checks."""
+    out.mkdir(parents=True, exist_ok=True)
+    checks = [c for target in scenario.targets for r in results for c in check(target, r)]
+    plots = {r.variant: plot(scenario, r, out) for r in results} if with_plots else {}
+    (out / f"quality-{scenario.name}.md").write_text(markdown(scenario, results, checks, plots, info) + "\n")
+    document = full(scenario, results, checks, info)
+    (out / f"quality-{scenario.name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    if scenario.summary_variant is not None:
+        chosen = [r for r in results if r.variant == scenario.summary_variant]
+        if chosen:
+            text = json.dumps(summary(scenario, chosen[0]), indent=1) + "\n"
+            (out / "quality-summary.json").write_text(text)
+    return checks
