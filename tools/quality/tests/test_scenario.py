@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from quality_builders import scenario
 
 from pointsman_quality.scenario import ScenarioError, engine_configs, load_scenario, parse_scenario
@@ -95,3 +96,11 @@ def test_engine_values_the_engine_refuses_name_where_they_were_set() -> None:
     s = scenario(fleet={"pods": 1, "engine": {"maxLoras": 4, "maxCpuLoras": 2}})
     with pytest.raises(ScenarioError, match="pod 0: max_cpu_loras"):
         engine_configs(s)
+
+
+def test_the_format_documented_in_the_readme_parses() -> None:
+    readme = (SCENARIOS[0].parent / "README.md").read_text()
+    block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = parse_scenario(yaml.safe_load(block))
+    assert documented.fleet.per_pod[0].pods == (6, 7)
+    assert len(documented.targets) == 4
