@@ -1,4 +1,4 @@
-"""``pointsman-collector``: argument and config errors, and a real process run until SIGTERM."""
+"""``pointsman-collector``: argument and config errors, and the real process: its exit codes and SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from collector_process import running_collector, start_collector
+from collector_process import CONSOLE_SCRIPT, running_collector, start_collector
 
 from pointsman_collector.__main__ import main
 from pointsman_devstack.ports import free_port
@@ -53,21 +53,20 @@ def test_the_config_path_may_come_from_the_environment(
     assert "absent.yaml" in capsys.readouterr().err
 
 
-async def test_serves_until_sigterm_then_exits_0(
+async def test_the_console_script_serves_until_sigterm_then_exits_0(
     tmp_path: Path, redis_url: str, pod_server, fixture_page
 ) -> None:
+    # A process for what only a process shows: the installed command, SIGTERM, the exit code and the
+    # log to the end. What it serves is tested in-process (test_collector_assembly.py).
     pod = await pod_server(fixture_page("vllm-v0-lora"))
-    added = await pod_server(fixture_page("vllm-current-lora"))
-    endpoints = tmp_path / "endpoints.txt"
-    endpoints.write_text("# the endpoints file starts empty\n")
     port = free_port()
     config = write_config(
         tmp_path,
-        f"pool:\n  name: cli\n  endpoints: ['{pod.address}']\n  endpointsFile: {endpoints}\n"
+        f"pool:\n  name: cli\n  endpoints: ['{pod.address}']\n"
         f"redis:\n  url: {redis_url}\ncollector:\n  listen: 127.0.0.1:{port}\n",
     )
     async with (
-        running_collector(config) as run,
+        running_collector(config, CONSOLE_SCRIPT) as run,
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
     ):
         async with asyncio.timeout(10):
@@ -81,13 +80,6 @@ async def test_serves_until_sigterm_then_exits_0(
         body = (await client.get("/v1/pool")).json()
         assert body["pool"] == "cli"
         assert [(p["address"], p["healthy"], p["waiting"]) for p in body["pods"]] == [(pod.address, True, 3)]
-        # A pod added to the endpoints file joins the pool without a restart.
-        endpoints.write_text(f"{added.address}\n")
-        async with asyncio.timeout(10):
-            while True:
-                if len((await client.get("/v1/pool")).json()["pods"]) == 2:
-                    break
-                await asyncio.sleep(0.05)
     log = run.log
     assert run.process.returncode == 0, log
     assert "Traceback" not in log

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
 from pointsman_collector.errors import PublishError
-from pointsman_collector.sink import RedisSnapshotSink
+from pointsman_collector.sink import (
+    PUBLISH_RETRIES,
+    PUBLISH_RETRY,
+    RedisSnapshotSink,
+    RetryBackoff,
+    redis_client,
+)
 from pointsman_devstack.ports import free_port
 from pointsman_shared.codec import decode_pool
+from pointsman_shared.config import CollectorConfig
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
@@ -110,3 +118,20 @@ async def test_publishing_resumes_when_redis_is_back(redis_proxy) -> None:  # ty
         assert await sink.publish(pool(POD)) == 2
     finally:
         await sink.aclose()
+
+
+async def test_the_clients_retries_sleep_as_the_shared_backoff_says_and_fit_the_staleness_budget() -> None:
+    client = redis_client("redis://127.0.0.1:1/0", rng=random.Random(5))
+    try:
+        retry = client.get_retry()
+        assert retry is not None
+        backoff = retry._backoff  # redis-py keeps it private
+        assert isinstance(backoff, RetryBackoff)
+        # redis-py counts failures from 1: 40 ms, then 80 ms, fully jittered.
+        assert [PUBLISH_RETRY.ceiling(n) for n in range(1, PUBLISH_RETRIES + 1)] == [0.04, 0.08]
+        assert all(0 <= backoff.compute(n) <= PUBLISH_RETRY.ceiling(n) for n in range(1, 10))
+        worst = sum(PUBLISH_RETRY.ceiling(n) for n in range(1, PUBLISH_RETRIES + 1))
+        assert PUBLISH_RETRY.maximum < CollectorConfig().staleness
+        assert worst < CollectorConfig().staleness / 10
+    finally:
+        await client.aclose()

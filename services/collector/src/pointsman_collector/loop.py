@@ -30,7 +30,7 @@ from pointsman_collector.normalize import (
 )
 from pointsman_collector.scrape import Outcome, PodScraper, Scraper
 from pointsman_collector.sink import SnapshotSink
-from pointsman_shared.aio import wait_event
+from pointsman_shared.aio import raise_if_cancelling, wait_event
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
@@ -231,18 +231,30 @@ class Collector:
         *,
         sink: SnapshotSink,
         registry: CollectorRegistry,
+        scraper_factory: Callable[[str], Scraper] | None = None,
+        clock: Clock = time.time,
+        rng: random.Random | None = None,
     ) -> Collector:
+        """The collector the config describes; ``scraper_factory`` defaults to a :class:`PodScraper` per
+        pod with the config's metric names and timeout."""
         names = config.metric_names
         settings = config.collector
+        if scraper_factory is None:
+
+            def scraper_factory(address: str) -> Scraper:
+                return PodScraper(address, names, timeout=settings.timeout)
+
         return cls(
             pool=config.pool.name,
-            scraper_factory=lambda address: PodScraper(address, names, timeout=settings.timeout),
+            scraper_factory=scraper_factory,
             sink=sink,
             registry=registry,
             interval=settings.interval,
             # A first scrape starts within one interval and ends within the timeout.
             first_round_timeout=settings.timeout + 2 * settings.interval,
             policy=HealthPolicy(max_failures=settings.max_failures, staleness=settings.staleness),
+            clock=clock,
+            rng=rng,
         )
 
     @property
@@ -335,7 +347,9 @@ class Collector:
     async def _publish_loop(self) -> None:
         await wait_event(self._pool.first_round, self._first_round_timeout)
         while True:
-            if not await self._publish_once():
+            published = await self._publish_once()
+            raise_if_cancelling()  # a cancel swallowed inside the sink's Redis call still stops the loop
+            if not published:
                 await asyncio.sleep(self._publish_every)
                 continue
             # Changes arrive with nearly every scrape: publish at most twice per scrape interval. Half an

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import random
 from typing import Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import AbstractBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pointsman_collector.errors import PublishError
+from pointsman_shared.backoff import Backoff, Jitter
 from pointsman_shared.codec import PoolEncoder
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
@@ -37,6 +39,13 @@ return v
 """
 
 _SOCKET_TIMEOUT = 1.0
+# A publish happens at least every second: a few quick retries ride out a blip without holding the
+# publisher for long; a failed publish is retried on the publisher's next round. Full jitter from 40 ms,
+# doubling, capped at 250 ms: the two sleeps add at most 40 + 80 ms to a failing publish, far below the
+# 2 s staleness budget of the readers (``collector.staleness``, ``picker.maxStaleness``); the socket
+# timeouts, not the backoff, bound how long a publish to a dead Redis takes.
+PUBLISH_RETRY = Backoff(initial=0.04, factor=2.0, maximum=0.25, jitter=Jitter.FULL)
+PUBLISH_RETRIES = 2
 
 
 class RedisSnapshotSink:
@@ -68,16 +77,29 @@ class RedisSnapshotSink:
         await self._client.aclose()
 
 
-def redis_client(url: str) -> Redis:
+def redis_client(url: str, *, rng: random.Random | None = None) -> Redis:
+    """A client that retries a failed command :data:`PUBLISH_RETRIES` times, as :data:`PUBLISH_RETRY` says."""
     return Redis.from_url(
         url,
-        # A publish happens at least every second: a few quick retries ride out a blip without
-        # holding the publisher for long; a failed publish is retried on the publisher's next round.
-        retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=2),
+        retry=Retry(RetryBackoff(PUBLISH_RETRY, rng or random.Random()), retries=PUBLISH_RETRIES),
         socket_timeout=_SOCKET_TIMEOUT,
         socket_connect_timeout=_SOCKET_TIMEOUT,
         health_check_interval=30,
     )
+
+
+class RetryBackoff(AbstractBackoff):
+    """redis-py's retry loop sleeping as a shared :class:`~pointsman_shared.backoff.Backoff` says.
+
+    redis-py counts ``failures`` from 1, as ``Backoff.delay`` does.
+    """
+
+    def __init__(self, backoff: Backoff, rng: random.Random) -> None:
+        self._backoff = backoff
+        self._rng = rng
+
+    def compute(self, failures: int) -> float:
+        return self._backoff.delay(failures, self._rng)
 
 
 def publish_error(exc: RedisError | OSError) -> PublishError:

@@ -1,4 +1,8 @@
-"""Which pods to scrape: the config's endpoint list plus a file of endpoints, re-read when it changes.
+"""Which pods to scrape: the sources of endpoints, and their union.
+
+Each source is a :class:`TargetSource`: the config's list (:class:`StaticTargets`), a file of endpoints
+re-read when it changes (:class:`FileTargets`), or an InferencePool
+(:class:`~pointsman_collector.kubernetes.KubernetesTargets`). :class:`Sources` merges them.
 
 The file holds one ``host[:port]`` per line (``pool.targetPort`` when the port is left out); blank lines
 and ``#`` comments are ignored. Watching is a poll of the file's ``stat``: cheap, and it works the same
@@ -13,6 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from pointsman_collector.errors import DiscoveryError
 from pointsman_shared.config import join_host_port, split_host_port
@@ -23,6 +28,33 @@ POLL = 1.0
 
 # (mtime_ns, size, inode): what changes when the file is edited or replaced.
 _Stamp = tuple[int, int, int]
+
+OnChange = Callable[[tuple[str, ...]], None]
+
+
+class TargetSource(Protocol):
+    """One source of the pool's endpoints."""
+
+    @property
+    def name(self) -> str:
+        """Its key in :class:`Sources`: ``config``, ``file``, ``kubernetes``."""
+        ...
+
+    async def follow(self, on_change: OnChange) -> None:
+        """Call ``on_change`` with the first set as soon as it is known (an empty one too), then with
+        each change, until cancelled. Failures are this source's to log and retry."""
+        ...
+
+
+class StaticTargets:
+    """A fixed list: the config's ``pool.endpoints``, or a test's."""
+
+    def __init__(self, endpoints: tuple[str, ...], *, name: str = "config") -> None:
+        self.name = name
+        self.endpoints = endpoints
+
+    async def follow(self, on_change: OnChange) -> None:
+        on_change(self.endpoints)
 
 
 def parse_endpoints(text: str, default_port: int) -> tuple[str, ...]:
@@ -44,8 +76,11 @@ def parse_endpoints(text: str, default_port: int) -> tuple[str, ...]:
 class FileTargets:
     """Polls an endpoints file and calls ``on_change`` with the config's endpoints plus the file's.
 
-    Call :meth:`refresh` once before :meth:`watch` for the first set (``endpoints``).
+    Call :meth:`refresh` once before :meth:`watch` for the first set (``endpoints``), or :meth:`follow`
+    for both, as a :class:`TargetSource`.
     """
+
+    name = "file"
 
     def __init__(
         self,
@@ -53,7 +88,7 @@ class FileTargets:
         *,
         static: tuple[str, ...],
         default_port: int,
-        on_change: Callable[[tuple[str, ...]], None],
+        on_change: OnChange | None = None,
         poll: float = POLL,
     ) -> None:
         self._path = Path(path)
@@ -95,8 +130,15 @@ class FileTargets:
         """Refresh every ``poll`` seconds until cancelled, calling ``on_change`` on each change."""
         while True:
             await asyncio.sleep(self._poll)
-            if self.refresh():
+            if self.refresh() and self._on_change is not None:
                 self._on_change(self.endpoints)
+
+    async def follow(self, on_change: OnChange) -> None:
+        """Read the file now, report its set to ``on_change``, then :meth:`watch` until cancelled."""
+        self._on_change = on_change
+        self.refresh()
+        on_change(self.endpoints)
+        await self.watch()
 
 
 class Sources:
@@ -108,7 +150,7 @@ class Sources:
 
     def __init__(self) -> None:
         self._lists: dict[str, tuple[str, ...]] = {}
-        self._apply: Callable[[tuple[str, ...]], None] | None = None
+        self._apply: OnChange | None = None
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -119,6 +161,6 @@ class Sources:
         if self._apply is not None:
             self._apply(self.endpoints)
 
-    def connect(self, apply: Callable[[tuple[str, ...]], None]) -> None:
+    def connect(self, apply: OnChange) -> None:
         self._apply = apply
         apply(self.endpoints)

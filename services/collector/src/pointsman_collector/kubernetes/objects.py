@@ -1,0 +1,104 @@
+"""InferencePool and Pod objects as the API server returns them, read into what discovery needs. Pure.
+
+An InferencePool gives a selector and target ports (``spec.selector`` and ``spec.targetPortNumber`` in
+``inference.networking.x-k8s.io/v1alpha2``; ``spec.selector.matchLabels`` and ``spec.targetPorts[]`` in
+``inference.networking.k8s.io/v1``). A pod counts while it is Ready, has an IP and is not being deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pointsman_collector.errors import DiscoveryError
+from pointsman_shared.config import join_host_port
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    selector: tuple[tuple[str, str], ...]  # matchLabels, sorted
+    ports: tuple[int, ...]
+
+    @property
+    def label_selector(self) -> str:
+        return ",".join(f"{key}={value}" for key, value in self.selector)
+
+
+def pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
+    """The selector and ports of an InferencePool of either API version; raise :class:`DiscoveryError`."""
+    spec = pool.get("spec")
+    if not isinstance(spec, dict):
+        raise DiscoveryError("kubernetes", "InferencePool has no spec")
+    selector = spec.get("selector")
+    if isinstance(selector, dict) and ("matchLabels" in selector or "matchExpressions" in selector):
+        if selector.get("matchExpressions"):
+            raise DiscoveryError("kubernetes", "InferencePool selector.matchExpressions is not supported")
+        selector = selector.get("matchLabels")  # v1: a LabelSelector
+    if not isinstance(selector, dict) or not selector:
+        raise DiscoveryError("kubernetes", "InferencePool has no selector labels")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in selector.items()):
+        raise DiscoveryError("kubernetes", "InferencePool selector labels must be strings")
+    if "targetPorts" in spec:
+        raw_ports = [p.get("number") if isinstance(p, dict) else None for p in spec["targetPorts"] or []]
+    else:
+        raw_ports = [spec.get("targetPortNumber")]
+    ports: list[int] = []
+    for port in raw_ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise DiscoveryError("kubernetes", f"InferencePool target port {port!r} is not a port")
+        if port not in ports:
+            ports.append(port)
+    if not ports:
+        raise DiscoveryError("kubernetes", "InferencePool has no target port")
+    return PoolSpec(tuple(sorted(selector.items())), tuple(ports))
+
+
+def ready_ip(pod: Mapping[str, Any]) -> str | None:
+    """The pod's IP while it is Ready and not being deleted, else ``None``."""
+    metadata = pod.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        return None
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    if not isinstance(ip, str) or not ip:
+        return None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return ip if condition.get("status") == "True" else None
+    return None
+
+
+class PodTable:
+    """The Ready pods seen so far, by name, from a list and the watch events after it.
+
+    A pod whose labels stop matching the selector leaves, whether the API server says so with a
+    DELETED event (as a label-selector watch does) or sends the modified pod.
+    """
+
+    def __init__(self, selector: tuple[tuple[str, str], ...] = ()) -> None:
+        self._selector = selector
+        self._ips: dict[str, str] = {}
+
+    def reset(
+        self, pods: list[Mapping[str, Any]], selector: tuple[tuple[str, str], ...] | None = None
+    ) -> None:
+        if selector is not None:
+            self._selector = selector
+        self._ips.clear()
+        for pod in pods:
+            self.apply("ADDED", pod)
+
+    def apply(self, kind: str, pod: Mapping[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        name = str(metadata.get("name", ""))
+        labels = metadata.get("labels") or {}
+        matches = all(labels.get(key) == value for key, value in self._selector)
+        ip = None if kind == "DELETED" or not matches else ready_ip(pod)
+        if ip is None:
+            self._ips.pop(name, None)
+        else:
+            self._ips[name] = ip
+
+    def endpoints(self, ports: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(sorted(join_host_port(ip, port) for ip in set(self._ips.values()) for port in ports))
