@@ -1,52 +1,21 @@
-"""The native gRPC server on a real socket: a real grpc client for whole calls and big messages, and a
-raw HTTP/2 client for what a well-behaved client never sends (bad frames, tiny windows, resets)."""
+"""The native gRPC server on a real socket: a real grpc client for whole calls, big messages and many
+calls at once, and a raw HTTP/2 client for what needs the socket (the connection closing, shutdown's
+grace, Envoy's END_STREAM + RST_STREAM in one write). The HTTP/2 protocol itself is tested by replaying
+bytes, without sockets, in test_picker_h2grpc_protocol.py."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 import pytest
+from test_picker_h2grpc_protocol import ECHO, MAX_MESSAGE, Calls, Echo
 
 from pointsman_picker.h2grpc import wire
-from pointsman_picker.h2grpc.connection import ServerStream, Status
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.h2grpc.wire import ErrorCode, FrameType, HeaderDecoder
-
-ECHO = "/test.Echo/Echo"
-MAX_MESSAGE = 8 * 1024 * 1024
-
-
-@dataclass
-class Calls:
-    """What the echo method saw, for assertions."""
-
-    messages: list[bytes] = field(default_factory=list)
-    cancelled: int = 0
-    half_closed: int = 0
-
-
-class Echo:
-    """Answers every message with itself; ends the call with OK when the client half-closes."""
-
-    def __init__(self, calls: Calls, stream: ServerStream) -> None:
-        self._calls = calls
-        self._stream = stream
-
-    def message(self, payload: bytes) -> None:
-        self._calls.messages.append(payload)
-        if payload == b"fail":
-            raise RuntimeError("the method broke")
-        self._stream.send(payload)
-
-    def half_closed(self) -> None:
-        self._calls.half_closed += 1
-        self._stream.finish()
-
-    def cancelled(self) -> None:
-        self._calls.cancelled += 1
 
 
 @dataclass
@@ -147,10 +116,10 @@ class RawClient:
         self.decoder = HeaderDecoder()
 
     @classmethod
-    async def connect(cls, port: int, settings: dict[wire.Setting, int] | None = None) -> RawClient:
+    async def connect(cls, port: int) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         client = cls(reader, writer)
-        client.send(wire.PREFACE + wire.settings_frame(settings or {}))
+        client.send(wire.PREFACE + wire.settings_frame({}))
         kind, flags, _, _ = await client.read()
         assert kind == FrameType.SETTINGS
         assert not flags
@@ -211,109 +180,6 @@ async def raw(echo) -> AsyncIterator[RawClient]:
         yield client
     finally:
         client.close()
-
-
-async def test_a_bad_preface_gets_goaway_and_the_connection_closes(echo):
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo.port)
-    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    data = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closes
-    frames = []
-    at = 0
-    while at < len(data):
-        length, kind, _, _ = wire.frame_header(data, at)
-        frames.append((kind, data[at + 9 : at + 9 + length]))
-        at += 9 + length
-    kind, payload = frames[-1]
-    assert kind == FrameType.GOAWAY
-    assert wire.u32(payload, 4) == ErrorCode.PROTOCOL_ERROR
-    writer.close()
-
-
-async def test_ping_is_answered_with_its_payload(raw):
-    raw.send(wire.frame(FrameType.PING, 0, 0, b"12345678"))
-    flags, payload = await raw.until(FrameType.PING)
-    assert flags == wire.ACK
-    assert payload == b"12345678"
-
-
-async def test_messages_split_and_joined_across_data_frames(echo, raw):
-    stream = wire.grpc_message(b"hello") + wire.grpc_message(b"world")
-    raw.headers(1)
-    raw.data(1, stream[:3])
-    raw.data(1, stream[3:12])
-    raw.data(1, stream[12:], end_stream=True)
-    body, trailers = await raw.call_result(1)
-    assert body == stream
-    assert trailers[b"grpc-status"] == b"0"
-
-
-async def test_padded_frames_and_continuations_are_read(echo, raw):
-    block = _REQUEST_HEADERS
-    raw.send(wire.frame(FrameType.HEADERS, wire.PADDED, 1, bytes([3]) + block[:10] + b"\0\0\0"))
-    raw.send(wire.frame(FrameType.CONTINUATION, wire.END_HEADERS, 1, block[10:]))
-    raw.send(
-        wire.frame(
-            FrameType.DATA, wire.PADDED | wire.END_STREAM, 1, b"\x02" + wire.grpc_message(b"p") + b"\0\0"
-        )
-    )
-    body, trailers = await raw.call_result(1)
-    assert body == wire.grpc_message(b"p")
-    assert trailers[b"grpc-status"] == b"0"
-
-
-async def test_a_compressed_message_is_refused(echo, raw):
-    raw.headers(1)
-    raw.data(1, b"\x01\x00\x00\x00\x01z")
-    _body, trailers = await raw.call_result(1)
-    assert trailers[b"grpc-status"] == str(Status.UNIMPLEMENTED.value).encode()
-    _flags, payload = await raw.until(FrameType.RST_STREAM, 1)  # the client may stop sending
-    assert wire.u32(payload) == ErrorCode.NO_ERROR
-    assert echo.calls.cancelled == 1
-
-
-async def test_a_request_ending_inside_a_message_is_internal(echo, raw):
-    raw.headers(1)
-    raw.data(1, wire.grpc_message(b"hello")[:4], end_stream=True)
-    _, trailers = await raw.call_result(1)
-    assert trailers[b"grpc-status"] == str(Status.INTERNAL.value).encode()
-
-
-async def test_answers_wait_for_the_peers_window_and_frame_size():
-    calls = Calls()
-    server = GrpcServer({ECHO: lambda stream: Echo(calls, stream)}, max_message_bytes=MAX_MESSAGE)
-    port = await server.start("127.0.0.1", 0)
-    client = await RawClient.connect(port, {wire.Setting.INITIAL_WINDOW_SIZE: 10})
-    try:
-        message = b"m" * 40_000
-        client.headers(1)
-        client.data(1, wire.grpc_message(message), end_stream=True)
-        _flags, first = await client.until(FrameType.DATA, 1)
-        assert len(first) == 10  # all the stream window allows
-        client.send(wire.window_update(1, 50_000))
-        received = first
-        sizes = []
-        while len(received) < len(message) + 5:
-            _, payload = await client.until(FrameType.DATA, 1)
-            sizes.append(len(payload))
-            received += payload
-        assert received == wire.grpc_message(message)
-        assert max(sizes) == wire.DEFAULT_MAX_FRAME  # the client's max frame size, not the server's
-        _, trailers = await client.call_result(1)
-        assert trailers[b"grpc-status"] == b"0"
-    finally:
-        client.close()
-        await server.stop(0)
-
-
-async def test_a_reset_stream_cancels_its_call(echo, raw):
-    raw.headers(1)
-    raw.data(1, wire.grpc_message(b"first"))
-    await raw.until(FrameType.DATA, 1)
-    raw.send(wire.rst_stream(1, ErrorCode.CANCEL))
-    raw.send(wire.frame(FrameType.PING, 0, 0, b"syncsync"))
-    await raw.until(FrameType.PING)
-    assert echo.calls.cancelled == 1
-    assert echo.server.open_streams == 0
 
 
 async def test_data_on_stream_zero_is_a_connection_error(echo, raw):

@@ -1,123 +1,20 @@
-"""One HTTP/2 connection of the gRPC server, as an asyncio Protocol.
+"""One HTTP/2 connection of the gRPC server on an asyncio transport: the sans-IO
+:class:`~pointsman_picker.h2grpc.protocol.H2Protocol` fed from the socket, nothing more.
 
-Calls are synchronous: a method's :class:`Call` gets each request message as it completes and answers
-through its :class:`ServerStream` at once, so a message costs no task, no future and no thread hop.
-Everything written while one read is handled goes out in one ``transport.write``.
-
-Flow control: this side advertises large windows and returns what it reads right away (messages are
-capped, not the window); what it sends waits for the peer's stream and connection windows.
+Each read is handed to the protocol whole and what it answered goes out in one ``transport.write``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import logging
-from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Protocol, cast
+from typing import cast
 
-from pointsman_picker.h2grpc import wire
-from pointsman_picker.h2grpc.wire import (
-    ACK,
-    END_HEADERS,
-    END_STREAM,
-    PRIORITY,
-    ErrorCode,
-    FrameType,
-    ProtocolError,
-    Setting,
-)
+from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
+from pointsman_picker.h2grpc.protocol import H2Protocol
 
-log = logging.getLogger(__name__)
-
-RECEIVE_WINDOW = 16 * 1024 * 1024
-MAX_FRAME = 1024 * 1024  # what this side accepts; the peer's own limit caps what it sends
-
-
-class Status(enum.IntEnum):
-    """The gRPC status codes this server answers with."""
-
-    OK = 0
-    CANCELLED = 1
-    INVALID_ARGUMENT = 3
-    NOT_FOUND = 5
-    RESOURCE_EXHAUSTED = 8
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-
-
-class Call(Protocol):
-    """What a method does with one call, told as its request side unfolds."""
-
-    def message(self, payload: bytes) -> None: ...
-
-    def half_closed(self) -> None:
-        """The client sent its last message."""
-
-    def cancelled(self) -> None:
-        """The call ended before it finished (reset, connection lost or shutdown)."""
-
-
-class ServerStream(Protocol):
-    def send(self, payload: bytes) -> None: ...
-
-    def finish(self, status: Status = Status.OK, message: str = "") -> None: ...
-
-
-Method = Callable[[ServerStream], Call]
-
-
-class _Stream:
-    __slots__ = (
-        "call",
-        "connection",
-        "finished",
-        "headers_sent",
-        "id",
-        "inbox",
-        "outbox",
-        "remote_closed",
-        "send_window",
-        "trailers",
-        "unacked",
-    )
-
-    def __init__(self, connection: H2Connection, stream_id: int, send_window: int) -> None:
-        self.connection = connection
-        self.id = stream_id
-        self.call: Call | None = None
-        self.inbox = bytearray()  # a request message not yet complete
-        self.outbox: deque[bytes] = deque()  # response bytes waiting for flow-control window
-        self.send_window = send_window
-        self.unacked = 0  # bytes read and not yet returned to the peer's stream window
-        self.headers_sent = False
-        self.trailers: bytes | None = None  # waiting behind the outbox
-        self.remote_closed = False
-        self.finished = False
-
-    def send(self, payload: bytes) -> None:
-        if self.finished:
-            return
-        connection = self.connection
-        if not self.headers_sent:
-            self.headers_sent = True
-            connection.write(wire.frame(FrameType.HEADERS, END_HEADERS, self.id, wire.RESPONSE_HEADERS))
-        self.outbox.append(wire.grpc_message(payload))
-        connection.drain(self)
-
-    def finish(self, status: Status = Status.OK, message: str = "") -> None:
-        if self.finished:
-            return
-        self.finished = True
-        connection = self.connection
-        if not self.headers_sent:
-            block = wire.trailers_only(status, message)
-        else:
-            block = wire.trailers(status, message)
-        self.trailers = wire.frame(FrameType.HEADERS, END_HEADERS | END_STREAM, self.id, block)
-        connection.drain(self)
+# extproc/servicer.py imports the method contract from here, as it did before calls.py held it.
+__all__ = ["H2Connection", "Method", "ServerStream", "Status"]
 
 
 class H2Connection(asyncio.Protocol):
@@ -129,83 +26,39 @@ class H2Connection(asyncio.Protocol):
         on_close: Callable[[H2Connection], None],
         on_idle: Callable[[], None],
     ) -> None:
-        self._methods = methods
-        self._max_message = max_message_bytes
         self._on_close = on_close
-        self._on_idle = on_idle  # told whenever the last open stream ends
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._preface_seen = False
-        self._decoder = wire.HeaderDecoder()
-        self._streams: dict[int, _Stream] = {}
-        self._last_stream_id = 0
-        self._peer_window = wire.DEFAULT_WINDOW  # the peer's initial stream window
-        self._peer_max_frame = wire.DEFAULT_MAX_FRAME
-        self._send_window = wire.DEFAULT_WINDOW  # the connection's
-        self._unacked = 0  # read, not yet returned to the connection window
-        self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block) of HEADERS
-        self._out: list[bytes] = []
-        self._reading = False  # inside data_received: writes are batched until it returns
-        self._trailers_at: dict[int, int] = {}  # stream -> index in _out of trailers written in this read
-        self._going_away = False
-        self.closed = False
+        # on_output: a method answering outside a read (later, from elsewhere) is written at once.
+        self.protocol = H2Protocol(
+            methods, max_message_bytes=max_message_bytes, on_idle=on_idle, on_output=self._flush
+        )
 
     # -- what the server sees ---------------------------------------------------------------------
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return self.protocol.open_streams
 
     def go_away(self) -> None:
         """Refuse new streams and close once the open ones end (graceful shutdown)."""
-        if self._going_away or self.closed:
-            return
-        self._going_away = True
-        self.write(wire.goaway(self._last_stream_id, ErrorCode.NO_ERROR))
+        self.protocol.goaway()
         self._flush()
-        self._close_if_idle()
 
     def abort(self) -> None:
         """Cancel what is open and close now (shutdown's grace has run out)."""
-        for stream in list(self._streams.values()):
-            self.write(wire.rst_stream(stream.id, ErrorCode.CANCEL))
-            self._end(stream, cancelled=True)
+        self.protocol.close()
         self._flush()
-        if self._transport is not None:
-            self._transport.close()
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.write(
-            wire.settings_frame(
-                {
-                    Setting.ENABLE_PUSH: 0,
-                    Setting.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
-                    Setting.MAX_FRAME_SIZE: MAX_FRAME,
-                }
-            )
-        )
-        self.write(wire.window_update(0, RECEIVE_WINDOW - wire.DEFAULT_WINDOW))
-        self._flush()
+        self._flush()  # the server's preface
 
     def data_received(self, data: bytes) -> None:
-        self._reading = True
-        try:
-            self._receive(data)
-        except ProtocolError as exc:
-            log.warning("HTTP/2 connection error: %s", exc)
-            self.write(wire.goaway(self._last_stream_id, exc.code, str(exc).encode()[:256]))
-            self._flush()
-            self.abort()
-            return
-        finally:
-            self._reading = False
+        self.protocol.receive_data(data)
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        for stream in list(self._streams.values()):
-            self._end(stream, cancelled=True)
+        self.protocol.connection_lost()
         self._on_close(self)
 
     def pause_writing(self) -> None:
@@ -217,300 +70,12 @@ class H2Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.resume_reading()
 
-    # -- reading ----------------------------------------------------------------------------------
-    def _receive(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        at = 0
-        if not self._preface_seen:
-            if len(buffer) < len(wire.PREFACE):
-                if not wire.PREFACE.startswith(bytes(buffer)):
-                    raise ProtocolError("not an HTTP/2 client preface")
-                return
-            if not buffer.startswith(wire.PREFACE):
-                raise ProtocolError("not an HTTP/2 client preface")
-            self._preface_seen = True
-            at = len(wire.PREFACE)
-        end = len(buffer)
-        while end - at >= wire.FRAME_HEADER_BYTES:
-            length, kind, flags, stream_id = wire.frame_header(buffer, at)
-            if length > MAX_FRAME:
-                raise ProtocolError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
-            start = at + wire.FRAME_HEADER_BYTES
-            if end - start < length:
-                break
-            at = start + length
-            self._frame(kind, flags, stream_id, bytes(buffer[start:at]))
-        del buffer[:at]
-
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._header_block is not None and kind != FrameType.CONTINUATION:
-            raise ProtocolError("a header block was interrupted")
-        if kind == FrameType.DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == FrameType.HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == FrameType.CONTINUATION:
-            self._continuation(flags, stream_id, payload)
-        elif kind == FrameType.WINDOW_UPDATE:
-            self._window_update(stream_id, payload)
-        elif kind == FrameType.SETTINGS:
-            self._settings(flags, stream_id, payload)
-        elif kind == FrameType.PING:
-            if len(payload) != 8 or stream_id:
-                raise ProtocolError("malformed PING", ErrorCode.FRAME_SIZE_ERROR)
-            if not flags & ACK:
-                self.write(wire.frame(FrameType.PING, ACK, 0, payload))
-        elif kind == FrameType.RST_STREAM:
-            stream = self._streams.get(stream_id)
-            if stream is not None:
-                self._end(stream, cancelled=True)
-            elif stream_id in self._trailers_at:
-                # Envoy ends each ext_proc stream with END_STREAM and RST_STREAM in one write: the
-                # trailers answering the first are not wanted; not sending them spares a write and a
-                # wake-up on both sides.
-                self._out[self._trailers_at.pop(stream_id)] = b""
-        elif kind == FrameType.GOAWAY:
-            self._going_away = True
-            self._close_if_idle()
-        elif kind == FrameType.PUSH_PROMISE:
-            raise ProtocolError("a client may not push")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 allows.
-
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if not stream_id:
-            raise ProtocolError("DATA on stream 0")
-        self._unacked += len(payload)
-        if self._unacked >= RECEIVE_WINDOW // 2:
-            self.write(wire.window_update(0, self._unacked))
-            self._unacked = 0
-        stream = self._streams.get(stream_id)
-        if stream is None or stream.remote_closed:
-            return  # a stream this side already ended: the peer may not know yet
-        consumed = len(payload)
-        payload = wire.unpad(payload, flags)
-        if payload:
-            self._messages(stream, payload)
-        if flags & END_STREAM:
-            self._remote_closed(stream)
-        elif not stream.finished:
-            stream.unacked += consumed
-            if stream.unacked >= RECEIVE_WINDOW // 2:
-                self.write(wire.window_update(stream.id, stream.unacked))
-                stream.unacked = 0
-
-    def _messages(self, stream: _Stream, payload: bytes) -> None:
-        inbox = stream.inbox
-        if inbox:
-            inbox += payload
-            data: bytes | bytearray = inbox
-        else:
-            data = payload
-        at, end = 0, len(data)
-        while end - at >= 5 and not stream.finished:
-            compressed, length = wire.grpc_prefix(data, at)
-            if length > self._max_message:
-                self._refuse(
-                    stream, Status.RESOURCE_EXHAUSTED, f"message larger than {self._max_message} bytes"
-                )
-                return
-            if end - at - 5 < length:
-                break
-            if compressed:
-                self._refuse(stream, Status.UNIMPLEMENTED, "compressed messages are not supported")
-                return
-            message = bytes(data[at + 5 : at + 5 + length])
-            at += 5 + length
-            self._dispatch(stream, message)
-        if stream.finished:
-            inbox.clear()
-        elif data is inbox:
-            del inbox[:at]
-        elif at < end:
-            inbox += data[at:]
-
-    def _dispatch(self, stream: _Stream, message: bytes) -> None:
-        assert stream.call is not None
-        try:
-            stream.call.message(message)
-        except Exception:
-            log.exception("gRPC method failed on stream %d", stream.id)
-            self._refuse(stream, Status.INTERNAL, "internal error")
-
-    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if not stream_id:
-            raise ProtocolError("HEADERS on stream 0")
-        payload = wire.unpad(payload, flags)
-        if flags & PRIORITY:
-            payload = payload[5:]
-        if flags & END_HEADERS:
-            self._header_block_done(stream_id, flags, payload)
-        else:
-            self._header_block = (stream_id, flags, bytearray(payload))
-
-    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        pending = self._header_block
-        if pending is None or pending[0] != stream_id:
-            raise ProtocolError("CONTINUATION without its HEADERS")
-        pending[2].extend(payload)
-        if len(pending[2]) > MAX_FRAME:
-            raise ProtocolError("header block too large", ErrorCode.FRAME_SIZE_ERROR)
-        if flags & END_HEADERS:
-            self._header_block = None
-            self._header_block_done(stream_id, pending[1], bytes(pending[2]))
-
-    def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
-        fields = self._decoder.decode(block)  # always: the table must follow every block
-        stream = self._streams.get(stream_id)
-        if stream is not None:  # the client's trailers
-            if flags & END_STREAM:
-                self._remote_closed(stream)
-            return
-        if stream_id <= self._last_stream_id:
-            return  # trailers of a stream this side already ended
-        if stream_id % 2 == 0:
-            raise ProtocolError("a client stream id must be odd")
-        self._last_stream_id = stream_id
-        if self._going_away:
-            self.write(wire.rst_stream(stream_id, ErrorCode.REFUSED_STREAM))
-            return
-        stream = _Stream(self, stream_id, self._peer_window)
-        self._streams[stream_id] = stream
-        path = next((value for name, value in fields if name == b":path"), b"")
-        method = self._methods.get(path)
-        if method is None:
-            stream.remote_closed = bool(flags & END_STREAM)
-            stream.finish(Status.UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
-            return
-        try:
-            stream.call = method(stream)
-        except Exception:
-            log.exception("gRPC method %s failed to start", path.decode("latin-1"))
-            stream.finish(Status.INTERNAL, "internal error")
-            return
-        if flags & END_STREAM:
-            self._remote_closed(stream)
-
-    def _remote_closed(self, stream: _Stream) -> None:
-        stream.remote_closed = True
-        if stream.finished:
-            self._close_if_done(stream)
-            return
-        if stream.inbox:
-            self._refuse(stream, Status.INTERNAL, "the request ended inside a message")
-            return
-        assert stream.call is not None
-        try:
-            stream.call.half_closed()
-        except Exception:
-            log.exception("gRPC method failed on stream %d", stream.id)
-            self._refuse(stream, Status.INTERNAL, "internal error")
-
-    def _window_update(self, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise ProtocolError("malformed WINDOW_UPDATE", ErrorCode.FRAME_SIZE_ERROR)
-        increment = wire.u32(payload) & wire.MAX_WINDOW
-        if not stream_id:
-            self._send_window += increment
-            if self._send_window > wire.MAX_WINDOW:
-                raise ProtocolError("connection window overflow", ErrorCode.FLOW_CONTROL_ERROR)
-            for stream in list(self._streams.values()):
-                self.drain(stream)
-            return
-        target = self._streams.get(stream_id)
-        if target is not None:
-            target.send_window += increment
-            self.drain(target)
-
-    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id:
-            raise ProtocolError("SETTINGS on a stream")
-        if flags & ACK:
-            return
-        for key, value in wire.parse_settings(payload):
-            if key == Setting.INITIAL_WINDOW_SIZE:
-                if value > wire.MAX_WINDOW:
-                    raise ProtocolError("initial window too large", ErrorCode.FLOW_CONTROL_ERROR)
-                delta, self._peer_window = value - self._peer_window, value
-                for stream in self._streams.values():
-                    stream.send_window += delta
-            elif key == Setting.MAX_FRAME_SIZE:
-                if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
-                    raise ProtocolError("bad MAX_FRAME_SIZE")
-                self._peer_max_frame = value
-        self.write(wire.frame(FrameType.SETTINGS, ACK, 0))
-        for stream in list(self._streams.values()):
-            self.drain(stream)
-
-    # -- writing ----------------------------------------------------------------------------------
-    def write(self, data: bytes) -> None:
-        self._out.append(data)
-        if not self._reading:
-            self._flush()
-
     def _flush(self) -> None:
-        self._trailers_at.clear()
-        if self._out and self._transport is not None and not self._transport.is_closing():
-            data = b"".join(self._out)
-            if data:
-                self._transport.write(data)
-        self._out.clear()
-
-    def drain(self, stream: _Stream) -> None:
-        """Send what the windows allow of the stream's responses, then its trailers."""
-        outbox = stream.outbox
-        while outbox:
-            window = min(stream.send_window, self._send_window)
-            if window <= 0:
-                return
-            chunk = outbox[0]
-            size = min(len(chunk), window, self._peer_max_frame)
-            if size < len(chunk):
-                outbox[0] = chunk[size:]
-                chunk = chunk[:size]
-            else:
-                outbox.popleft()
-            stream.send_window -= size
-            self._send_window -= size
-            self.write(wire.frame(FrameType.DATA, 0, stream.id, chunk))
-        if stream.trailers is not None:
-            if self._reading:
-                self._trailers_at[stream.id] = len(self._out)
-            self.write(stream.trailers)
-            stream.trailers = None
-            if not stream.remote_closed:
-                # The call is over: tell the client to stop sending (as gRPC servers do).
-                self.write(wire.rst_stream(stream.id, ErrorCode.NO_ERROR))
-                stream.remote_closed = True
-            self._close_if_done(stream)
-
-    def _refuse(self, stream: _Stream, status: Status, message: str) -> None:
-        """End a call this side cannot go on with; the method hears it as cancelled."""
-        stream.inbox.clear()
-        call, stream.call = stream.call, None
-        stream.finish(status, message)
-        if call is not None:
-            call.cancelled()
-
-    def _close_if_done(self, stream: _Stream) -> None:
-        if stream.finished and stream.remote_closed and stream.trailers is None and not stream.outbox:
-            del self._streams[stream.id]
-            self._close_if_idle()
-
-    def _end(self, stream: _Stream, *, cancelled: bool) -> None:
-        self._streams.pop(stream.id, None)
-        stream.finished = stream.remote_closed = True
-        stream.outbox.clear()
-        stream.trailers = None
-        call, stream.call = stream.call, None
-        if cancelled and call is not None:
-            call.cancelled()
-        self._close_if_idle()
-
-    def _close_if_idle(self) -> None:
-        if self._streams:
-            return
-        self._on_idle()
-        if self._going_away and self._transport is not None:
-            self._flush()
-            self._transport.close()
+        transport = self._transport
+        if transport is None:
+            return  # not connected yet: the bytes wait in the protocol
+        data = self.protocol.data_to_send()
+        if data and not transport.is_closing():
+            transport.write(data)
+        if self.protocol.closing:
+            transport.close()

@@ -2,7 +2,8 @@
 
 Why not grpcio: behind Envoy every request is one ext_proc stream of two or more messages, and
 grpc.aio spends 400-500 µs of CPU per stream in its own machinery (measured: docs/picker.md, "Speed").
-This server reads frames in an asyncio Protocol and calls the method in place.
+This server feeds each connection's reads to a sans-IO HTTP/2 protocol (``protocol.py``, on asyncio
+through ``connection.py``), which calls the method in place.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
-from pointsman_picker.h2grpc.connection import H2Connection, Method
+from pointsman_picker.h2grpc.calls import Method
+from pointsman_picker.h2grpc.connection import H2Connection
 from pointsman_shared import aio
 
 log = logging.getLogger(__name__)
