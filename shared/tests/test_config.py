@@ -29,6 +29,7 @@ def test_an_empty_document_is_all_defaults() -> None:
     assert config.picker.listen == "0.0.0.0:9002"
     assert config.picker.destination_header == "x-gateway-destination-endpoint"
     assert config.picker.metadata_namespace == "envoy.lb"
+    assert config.picker.prefill_tokens_per_second == 20_000.0
 
 
 def test_a_full_document() -> None:
@@ -107,6 +108,7 @@ def _problems(doc: dict[str, Any], environ: dict[str, str] | None = None) -> lis
         ({"collector": {"interval": "0ms"}}, "collector.interval", "greater than 0"),
         ({"collector": {"maxFailures": 0}}, "collector.maxFailures", "greater than or equal to 1"),
         ({"picker": {"listen": "nohost"}}, "picker.listen", "no port"),
+        ({"picker": {"prefillTokensPerSecond": 0}}, "picker.prefillTokensPerSecond", "greater than 0"),
         ({"pool": {"nme": "typo"}}, "pool.nme", "not permitted"),
         ({"pool": {"kubernetes": {"apiVersion": "v9"}}}, "pool.kubernetes.apiVersion", "v1alpha2"),
     ],

@@ -243,6 +243,10 @@ class PickerConfig(_Model):
     # The ext_proc server: "native" (Pointsman's own HTTP/2 gRPC server, a fraction of grpcio's CPU per
     # request) or "grpcio" (grpc.aio, the reference implementation). See docs/picker.md, "Speed".
     server: Literal["native", "grpcio"] = "native"
+    # How fast a pod computes prompt tokens while it decodes: the picker's estimate of the prompt tokens
+    # each pod still has to compute from its recent assignments drains at this rate. Read only by
+    # profiles with a least-work-filter.
+    prefill_tokens_per_second: float = Field(default=20_000.0, gt=0)
 
 
 class PluginSpec(_Model):

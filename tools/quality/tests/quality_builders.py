@@ -1,11 +1,40 @@
-"""Tiny builders shared by the quality benchmark's tests."""
+"""Tiny builders shared by the quality benchmark's tests, and the picker's (``picker_builders``)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
-from pointsman_quality.runs import RunStats
-from pointsman_quality.scenario import Scenario, parse_scenario
+# The picker's builders live beside its tests; a conftest here would shadow the other suites' ones.
+_PICKER_TESTS = str(Path(__file__).resolve().parents[3] / "services" / "picker" / "tests")
+if _PICKER_TESTS not in sys.path:
+    sys.path.append(_PICKER_TESTS)
+
+from picker_builders import (  # noqa: E402
+    body,
+    metadata,
+    on_free_ports,
+    pod,
+    pool_pods,
+    post_headers,
+    set_headers,
+)
+
+from pointsman_quality.runs import RunStats  # noqa: E402
+from pointsman_quality.scenario import Scenario, parse_scenario  # noqa: E402
+
+__all__ = [
+    "body",
+    "metadata",
+    "on_free_ports",
+    "pod",
+    "pool_pods",
+    "post_headers",
+    "scenario",
+    "set_headers",
+    "stats",
+]
 
 
 def scenario(**overrides: Any) -> Scenario:

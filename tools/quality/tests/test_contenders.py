@@ -6,8 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
-from picker_builders import pod
-from quality_builders import scenario
+from quality_builders import pod, scenario
 
 from pointsman_quality.contenders import (
     NAMES,

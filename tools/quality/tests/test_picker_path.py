@@ -22,8 +22,8 @@ import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from picker_builders import body, metadata, on_free_ports, pod, pool_pods, post_headers, set_headers
 from prometheus_client import CollectorRegistry
+from quality_builders import body, metadata, on_free_ports, pod, pool_pods, post_headers, set_headers
 
 from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource

@@ -85,3 +85,67 @@ class RecentAssignments:
             self._oldest = min((times[0] for times in self._times.values()), default=math.inf)
         self._adjusted = with_waiting(self._adjusted, changes)
         return self._adjusted
+
+
+class PrefillBacklog:
+    """The prompt tokens each pod probably still has to compute from this picker's assignments.
+
+    A leaky bucket per pod: each assignment adds its prompt tokens, and the level drains at
+    ``tokens_per_second`` (how fast a pod computes prompts while it also decodes). Scrapes say how many
+    requests wait, not how long their prompts are, and a long prompt takes several engine steps, so
+    this is counted apart from the scraped numbers and outlives them. Pure: time comes in as arguments.
+    """
+
+    def __init__(self, tokens_per_second: float) -> None:
+        if tokens_per_second <= 0:
+            raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
+        self._rate = tokens_per_second
+        self._levels: dict[str, tuple[float, float]] = {}  # address -> (tokens, as of)
+
+    def record(self, address: str, tokens: int, now: float) -> None:
+        if tokens <= 0:
+            return
+        self._levels[address] = (self._level(address, now) + tokens, now)
+
+    def _level(self, address: str, now: float) -> float:
+        entry = self._levels.get(address)
+        if entry is None:
+            return 0.0
+        tokens, at = entry
+        return max(0.0, tokens - self._rate * max(0.0, now - at))
+
+    def pending(self, now: float) -> dict[str, float]:
+        """The pods with tokens left at ``now``, and how many; forgets the drained ones."""
+        out: dict[str, float] = {}
+        drained = []
+        for address in self._levels:
+            level = self._level(address, now)
+            if level > 0:
+                out[address] = level
+            else:
+                drained.append(address)
+        for address in drained:
+            del self._levels[address]
+        return out
+
+
+class RecentTargets:
+    """How many distinct target models this picker routed within the last ``window`` seconds: how many
+    adapters compete for the pool's slots, counted from the traffic (a snapshot shows only those with
+    requests in flight at that moment). Pure: time comes in as arguments."""
+
+    def __init__(self, window: float) -> None:
+        if window <= 0:
+            raise ValueError(f"window must be positive, got {window}")
+        self._window = window
+        self._last: dict[str | None, float] = {}
+        self._pruned = -math.inf
+
+    def seen(self, target: str | None, now: float) -> int:
+        """Count ``target`` as routed at ``now``; return the distinct targets within the window."""
+        self._last[target] = now
+        if now - self._pruned > self._window / 4:  # a pass over the targets now and then, not per request
+            horizon = now - self._window
+            self._last = {t: at for t, at in self._last.items() if at >= horizon}
+            self._pruned = now
+        return len(self._last)

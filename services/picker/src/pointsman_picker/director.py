@@ -6,15 +6,17 @@ No gRPC here: the ext_proc stream calls :meth:`Director.route` once per request 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pointsman_picker import errors
-from pointsman_picker.assignments import RecentAssignments
+from pointsman_picker.assignments import PrefillBacklog, RecentAssignments, RecentTargets
 from pointsman_picker.explain import DecisionTrace
 from pointsman_picker.extproc.request import parse_body, with_model
 from pointsman_picker.metrics import PickerMetrics
@@ -29,6 +31,9 @@ from pointsman_shared.snapshot import PoolSnapshot, is_fresh
 # Timing every filter of every decision would cost more than the filters; one decision in this many is
 # timed for inference_extension_plugin_duration_seconds.
 PLUGIN_TIMING_EVERY = 16
+CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokenizers
+# Long enough to see the tail of a Zipf mix of adapters at tens of requests a second.
+RECENT_TARGETS_WINDOW = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,29 @@ class UsablePods:
         return self._pods, self._stale
 
 
+def estimate_prompt_tokens(doc: Mapping[str, Any]) -> int:
+    """The prompt's length in tokens, estimated at four characters a token from a completions
+    ``prompt`` (a string or strings) or the chat ``messages``' text; 0 when the body has neither."""
+    chars = 0
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        chars = len(prompt)
+    elif isinstance(prompt, list):
+        chars = sum(len(p) for p in prompt if isinstance(p, str))
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, dict) else None
+                    if isinstance(text, str):
+                        chars += len(text)
+    return chars // CHARS_PER_TOKEN
+
+
 class Director:
     def __init__(
         self,
@@ -88,6 +116,9 @@ class Director:
         self._rng = rng
         self._clock = clock
         self._assignments: RecentAssignments | None = None
+        self._backlog: PrefillBacklog | None = None
+        self._targets: RecentTargets | None = None
+        self._backlog_rate = 0.0
         self._last_seen: PoolSnapshot | None = None
         self._last_known: tuple[str, ...] = ()  # see _remember
         self._decisions = 0
@@ -107,6 +138,17 @@ class Director:
             self._assignments = None
         elif self._assignments is None:
             self._assignments = RecentAssignments()
+        # The prompt tokens each pod has still to compute, for profiles whose filters weigh them.
+        rate = config.picker.prefill_tokens_per_second
+        if not self._scheduler.profile.uses_pending_prefill:
+            self._backlog = None
+        elif self._backlog is None or self._backlog_rate != rate:
+            self._backlog = PrefillBacklog(rate)
+        self._backlog_rate = rate
+        if not self._scheduler.profile.uses_pending_prefill:
+            self._targets = None
+        elif self._targets is None:
+            self._targets = RecentTargets(RECENT_TARGETS_WINDOW)
 
     def route(self, body: bytes | None, explain: bool = False) -> Routing:
         """Route a request; ``body`` is ``None`` when the request has none (routed without a model).
@@ -124,7 +166,11 @@ class Director:
             # No model label: the name is client input, and metric labels must stay bounded.
             raise errors.UnknownModel(f"no InferenceModel for model {parsed.model[:200]!r}")
         final = with_model(parsed, resolution.target)
-        request = SchedulingRequest(target_model=resolution.target, critical=resolution.critical)
+        request = SchedulingRequest(
+            target_model=resolution.target,
+            critical=resolution.critical,
+            prompt_tokens=estimate_prompt_tokens(parsed.doc) if self._backlog is not None else 0,
+        )
         endpoint, result, now, path = self._pick(request, resolution.model, resolution.target, explain)
         self._metrics.routed(resolution.model, resolution.target, self.profile, result)
         return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now, path)
@@ -171,6 +217,12 @@ class Director:
             pods = self._assignments.adjust(pods, self._usable.index, not_before=now - self._max_staleness)
             if explain:
                 recent = sum(self._assignments.pending().values())
+        if self._backlog is not None and self._targets is not None:
+            request = dataclasses.replace(
+                request,
+                pending_prefill=self._backlog.pending(now),
+                recent_targets=self._targets.seen(request.target_model, now),
+            )
         outcome = self._scheduler.schedule(request, pods, trace)
         self._metrics.scheduler_duration.observe(time.perf_counter() - start)
         path = ""
@@ -188,4 +240,6 @@ class Director:
             raise errors.NoCapacity(outcome.reason, model=model, target=target, explain=path)
         if self._assignments is not None:
             self._assignments.record(outcome.address, now)
+        if self._backlog is not None:
+            self._backlog.record(outcome.address, request.prompt_tokens, now)
         return outcome.address, "picked_stale" if stale else "picked", now, path

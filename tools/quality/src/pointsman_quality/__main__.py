@@ -64,7 +64,8 @@ def plan(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, tuple[
     elif args.quick and scenario.quick.contenders is not None:
         names = scenario.quick.contenders
     if args.quick:
-        update = {"contenders": names, "variants": scenario.variants[:1]}
+        load = scenario.load.model_copy(update={"repeats": scenario.quick.repeats})
+        update = {"contenders": names, "variants": scenario.variants[:1], "load": load}
         return scenario.model_copy(update=update), scenario.quick.levels, scenario.quick.duration
     return scenario.model_copy(update={"contenders": names}), scenario.load.levels, scenario.load.duration
 
@@ -104,6 +105,7 @@ def run_scenario(path: Path, args: argparse.Namespace, executor: ProcessPoolExec
     info = {
         "quick": args.quick,
         "duration_s": duration,
+        "repeats": scenario.load.repeats,
         "runs": sweep.runs,
         "wall_s": round(time.monotonic() - started, 1),
         "python": platform.python_version(),

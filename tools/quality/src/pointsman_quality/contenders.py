@@ -1,6 +1,6 @@
 """The contenders: Pointsman's decision path under several configs, and what users deploy instead.
 
-Every contender is built fresh for each run from the scenario and a seed, as a fleet-driver router
+Every contender is built fresh for each run from the scenario and a repeat index, as a fleet-driver router
 that also hears when each of its requests ends.
 
 - ``pointsman-*`` and ``gie-default`` run the picker's Director (:mod:`pointsman_quality.picker_path`)
@@ -126,8 +126,9 @@ class Contender:
     name: str
     config: PointsmanConfig | None  # None for the baselines
 
-    def router(self, scenario: Scenario, seed: int) -> Router:
-        rng = random.Random(f"{scenario.seed}:{self.name}:{seed}")
+    def router(self, scenario: Scenario, repeat: int) -> Router:
+        # Every contender draws from the same stream: a name must not decide the luck of its draws.
+        rng = random.Random(f"{scenario.seed}:{repeat}:router")
         if self.config is None:
             return BASELINES[self.name](rng)
         return DirectorRouter(self.config, scenario.traffic.base_model, rng)

@@ -223,7 +223,8 @@ def markdown(
     lines += [
         f"Virtual time (the simulator's fleet driver, the picker's own Director for Pointsman's contenders); "
         f"{scenario.fleet.pods} pods of `{scenario.fleet.profile}`; {info['duration_s']:g} s of arrivals per "
-        f"run; seed {scenario.seed}; capacity = the highest rate with p99 TTFT under "
+        f"run, {info.get('repeats', 1)} repeat(s) pooled per figure; seed {scenario.seed}; "
+        f"capacity = the highest rate with p99 TTFT under "
         f"{scenario.load.capacity.p99_ttft_below:g} s; load = a fraction of `{scenario.load.reference}`'s "
         f"capacity. {info['runs']} runs in {info['wall_s']:.0f} s of wall time"
         + (" (QUICK: fewer levels, shorter runs)." if info.get("quick") else "."),

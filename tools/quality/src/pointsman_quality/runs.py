@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from pointsman_quality.contenders import Contender
+from pointsman_quality.contenders import Contender, Router
 from pointsman_quality.scenario import Scenario
 from pointsman_quality.workload import build_trace
 from pointsman_sim.engine import EngineConfig
-from pointsman_sim.fleet import FleetResult, run_fleet
+from pointsman_sim.fleet import FinishSink, FleetResult, Served, TraceRequest, run_fleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,28 +39,32 @@ def percentile(values: Sequence[float], p: float) -> float:
     return values[min(len(values) - 1, max(0, int(p * len(values) + 0.5) - 1))]
 
 
-def stats(rate: float, requests: int, result: FleetResult, pods: int) -> RunStats:
-    served = [s.request for s in result.served]
+def stats(rate: float, requests: int, results: Sequence[FleetResult], pods: int) -> RunStats:
+    """The figures of one or more repeats of a run, their requests pooled; counts are per repeat."""
+    served = [s.request for result in results for s in result.served]
     ttft = sorted(r.time_to_first_token for r in served)
     tpot = sorted(r.time_per_output_token for r in served if r.output_tokens > 1)
     e2e = sorted(r.e2e_latency for r in served)
     per_pod = [0] * pods
-    for s in result.served:
-        per_pod[s.pod] += 1
+    for result in results:
+        for s in result.served:
+            per_pod[s.pod] += 1
     tokens = sum(r.output_tokens for r in served)
+    span = sum(result.ended_at for result in results)
+    n = max(1, len(results))
     return RunStats(
         rate=rate,
-        requests=requests,
-        finished=len(served),
-        rejected=result.rejected + result.shed,
+        requests=round(requests / n),
+        finished=round(len(served) / n),
+        rejected=round(sum(result.rejected + result.shed for result in results) / n),
         ttft_p50_s=percentile(ttft, 0.5),
         ttft_p90_s=percentile(ttft, 0.9),
         ttft_p99_s=percentile(ttft, 0.99),
         tpot_p90_s=percentile(tpot, 0.9),
         e2e_p90_s=percentile(e2e, 0.9),
-        tokens_per_s=tokens / result.ended_at if result.ended_at else 0.0,
-        adapter_loads_disk=sum(t.lora_loads_from_disk for t in result.totals),
-        adapter_loads_cpu=sum(t.lora_loads_from_cpu for t in result.totals),
+        tokens_per_s=tokens / span if span else 0.0,
+        adapter_loads_disk=round(sum(t.lora_loads_from_disk for r in results for t in r.totals) / n),
+        adapter_loads_cpu=round(sum(t.lora_loads_from_cpu for r in results for t in r.totals) / n),
         max_pod_share=max(per_pod) / len(served) if served else 0.0,
     )
 
@@ -71,9 +75,24 @@ def run(
     engines: Sequence[EngineConfig],
     rate: float,
     duration: float,
-    seed: int = 0,
+    repeats: int = 1,
 ) -> RunStats:
-    trace = build_trace(scenario, rate, duration)
-    router = contender.router(scenario, seed)
-    result = run_fleet(engines, trace, router, on_finish=lambda i, served: router.finished(trace[i]))
-    return stats(rate, len(trace), result, len(engines))
+    """``repeats`` samples of the traffic (each with the routers' draws of its own), pooled: one run
+    of a router that locks adapters onto pods early is luck as much as policy."""
+    results = []
+    requests = 0
+    for repeat in range(repeats):
+        trace = build_trace(scenario, rate, duration, repeat)
+        router = contender.router(scenario, repeat)
+        results.append(run_fleet(engines, trace, router, on_finish=_releaser(trace, router)))
+        requests += len(trace)
+    return stats(rate, requests, results, len(engines))
+
+
+def _releaser(trace: Sequence[TraceRequest], router: Router) -> FinishSink:
+    """The fleet driver's ``on_finish`` that tells ``router`` each of its requests has ended."""
+
+    def finished(index: int, served: Served) -> None:
+        router.finished(trace[index])
+
+    return finished

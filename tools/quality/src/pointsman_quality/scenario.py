@@ -166,8 +166,10 @@ class LoadSpec(_Model):
     levels: tuple[Annotated[float, Field(gt=0)], ...] = (0.3, 0.5, 0.7, 0.85, 0.9, 0.95, 1.0, 1.1)
     """Fractions of the reference contender's capacity."""
     reference: str = "pointsman-423"
-    duration: PositiveSeconds = 120.0
+    duration: PositiveSeconds = 60.0
     """Seconds of arrivals in each run (every request then runs to its end)."""
+    repeats: int = Field(default=1, ge=1, le=20)
+    """Samples of the traffic per run, their requests pooled into one set of figures."""
     capacity: Capacity = Capacity()
 
 
@@ -220,6 +222,7 @@ class Quick(_Model):
 
     levels: tuple[Annotated[float, Field(gt=0)], ...] = (0.5, 0.9)
     duration: PositiveSeconds = 30.0
+    repeats: int = Field(default=1, ge=1, le=20)
     contenders: tuple[str, ...] | None = None
 
 

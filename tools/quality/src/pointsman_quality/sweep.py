@@ -101,7 +101,9 @@ class Sweep:
 
     def _runs(self, jobs: Iterable[tuple[Contender, list[EngineConfig], float]]) -> list[RunStats]:
         futures: list[Future[RunStats]] = [
-            self._executor.submit(run, self._scenario, contender, engines, rate, self._duration)
+            self._executor.submit(
+                run, self._scenario, contender, engines, rate, self._duration, self._scenario.load.repeats
+            )
             for contender, engines, rate in jobs
         ]
         self.runs += len(futures)

@@ -84,13 +84,14 @@ def arrivals(scenario: Scenario, rate: float, duration: float, rng: random.Rando
     return times
 
 
-def build_trace(scenario: Scenario, rate: float, duration: float) -> list[TraceRequest]:
-    """The scenario's requests arriving at ``rate`` per second for ``duration`` seconds."""
+def build_trace(scenario: Scenario, rate: float, duration: float, repeat: int = 0) -> list[TraceRequest]:
+    """The scenario's requests arriving at ``rate`` per second for ``duration`` seconds; ``repeat``
+    draws another sample of the same traffic (runs pool several for steadier figures)."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
     traffic = scenario.traffic
-    times = arrivals(scenario, rate, duration, random.Random(f"{scenario.seed}:arrivals:{rate!r}"))
-    shapes = random.Random(f"{scenario.seed}:requests")
+    times = arrivals(scenario, rate, duration, random.Random(f"{scenario.seed}:{repeat}:arrivals:{rate!r}"))
+    shapes = random.Random(f"{scenario.seed}:{repeat}:requests")
     draw = ModelMix.of(traffic).drawer()
     trace = []
     for at in times:

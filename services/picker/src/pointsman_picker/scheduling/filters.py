@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pointsman_picker.scheduling.indexed import facts_of, lora_groups, select
 from pointsman_picker.scheduling.types import Pods, SchedulingRequest
+from pointsman_shared.snapshot import PodSnapshot
 
 FilterFn = Callable[[SchedulingRequest, Pods, random.Random], Pods]
 # Told each node's name and how many pods it kept, in walk order (to explain a decision, to time nodes).
@@ -146,6 +147,92 @@ def lora_soft_affinity(threshold: float) -> FilterFn:
         near, free = lora_groups(pods, request.target_model)
         if near and free and rng.random() >= threshold:
             near = free
+        return tuple([pods[i] for i in near or free])
+
+    return apply
+
+
+def least_work(
+    per_pending_token: float,
+    per_running: float,
+    per_kv_cache: float,
+    per_waiting: float,
+    tolerance: float,
+) -> FilterFn:
+    """Pods whose estimated next engine step is within ``tolerance`` of the shortest.
+
+    A vLLM pod with chunked prefill runs steps whose length grows with the prompt tokens it computes,
+    the sequences it decodes and the tokens in its KV cache, and a new request waits for the step under
+    way and then its own: ``work = per_pending_token * pending + per_running * running + per_kv_cache *
+    kv_cache_usage + per_waiting * waiting``. ``pending`` is the pod's entry in the request's
+    ``pending_prefill`` (prompt tokens this picker sent lately that the pod has probably not computed
+    yet: a scrape says how many requests wait, not how long their prompts are); ``waiting`` already
+    counts the picker's unseen assignments. Any unit will do (the defaults are milliseconds); the
+    filter never comes up empty.
+    """
+
+    def apply(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+        if len(pods) < 2:
+            return pods
+        pending = request.pending_prefill
+        costs = [
+            per_pending_token * pending.get(pod.address, 0.0)
+            + per_running * pod.running
+            + per_kv_cache * pod.kv_cache_usage
+            + per_waiting * pod.waiting
+            for pod in pods
+        ]
+        limit = min(costs) + tolerance
+        return select(pods, [cost <= limit for cost in costs])
+
+    apply.uses_pending_prefill = True  # type: ignore[attr-defined]
+    return apply
+
+
+def uses_pending_prefill(node: Node | Drop | None) -> bool:
+    """Whether a filter of the tree from ``node`` reads the request's ``pending_prefill``."""
+    seen: set[int] = set()
+    todo = [node]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, Node) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if getattr(item.filter, "uses_pending_prefill", False):
+            return True
+        todo += [item.on_success, item.on_failure]
+    return False
+
+
+def _load(pod: PodSnapshot) -> int:
+    return pod.running + pod.waiting
+
+
+def lora_spread_affinity(
+    threshold: float, spread_ratio: float, spread_margin: float, max_adapter_share: float = 0.75
+) -> FilterFn:
+    """LoRA soft affinity that spreads a busy adapter while slots are plentiful.
+
+    As :func:`lora_soft_affinity` (``threshold`` included), except that when even the least loaded
+    pod with the target adapter active carries more than ``mean * (1 + spread_ratio) + spread_margin``
+    (load: running plus waiting requests; the mean over the pods given), the request goes to the pods
+    with a free adapter slot instead, so a hot adapter gets another pod before its own pods queue. No
+    spreading while any pod has an adapter waiting without running: that adapter waits for a slot, and
+    a spread adapter would take one more; nor while the adapters routed lately (the request's
+    ``recent_targets``) need more than ``max_adapter_share`` of the pods' slots, one each.
+    """
+
+    def apply(request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+        near, free = lora_groups(pods, request.target_model)
+        if near and free:
+            mean = sum(_load(pod) for pod in pods) / len(pods)
+            busy = min(_load(pods[i]) for i in near) > mean * (1.0 + spread_ratio) + spread_margin
+            if busy and request.recent_targets > max_adapter_share * sum(pod.max_lora for pod in pods):
+                busy = False  # the slots are wanted by adapters that have none
+            if busy and not any(pod.waiting_adapters - pod.running_adapters for pod in pods):
+                return tuple([pods[i] for i in free])
+            if rng.random() >= threshold:
+                near = free
         return tuple([pods[i] for i in near or free])
 
     return apply

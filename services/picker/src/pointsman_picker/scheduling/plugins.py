@@ -21,7 +21,9 @@ from pointsman_picker.scheduling.filters import (
     has_capacity,
     least_kv_cache,
     least_queuing,
+    least_work,
     lora_soft_affinity,
+    lora_spread_affinity,
     low_queueing,
 )
 from pointsman_picker.scheduling.tree import DROP_SHEDDABLE
@@ -114,6 +116,14 @@ def _params(path: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     return values
 
 
+# least-work-filter's defaults: milliseconds of a vLLM step of Llama-3.1-8B on an H100 (the simulator's
+# llama-3.1-8b-h100 profile, docs/simulator.md): 29k prompt tokens/s, 0.04 ms per decoding sequence,
+# 4.7e-5 ms per KV-cache token of 424k; a pod within a millisecond of the least counts as least.
+DEFAULT_PER_PENDING_TOKEN = 1000.0 / 29_000.0
+DEFAULT_PER_RUNNING = 0.04
+DEFAULT_PER_KV_CACHE = 26_500 * 16 * 4.7e-5
+DEFAULT_WORK_TOLERANCE = 1.0
+
 FilterFactory = Callable[[dict[str, Any]], FilterFn]
 
 
@@ -133,6 +143,36 @@ def _filter_types(config: SchedulingConfig) -> dict[str, tuple[dict[str, Any], F
         ),
         "least-queue-filter": ({}, lambda p: least_queuing),
         "least-kv-cache-filter": ({}, lambda p: least_kv_cache),
+        "least-work-filter": (
+            {
+                "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
+                "perRunning": DEFAULT_PER_RUNNING,
+                "perKvCache": DEFAULT_PER_KV_CACHE,
+                "perWaiting": 0.0,
+                "tolerance": DEFAULT_WORK_TOLERANCE,
+            },
+            lambda p: least_work(
+                float(p["perPendingToken"]),
+                float(p["perRunning"]),
+                float(p["perKvCache"]),
+                float(p["perWaiting"]),
+                float(p["tolerance"]),
+            ),
+        ),
+        "lora-spread-affinity-filter": (
+            {
+                "threshold": config.lora_affinity_threshold,
+                "spreadRatio": 0.1,
+                "spreadMargin": 8.0,
+                "maxAdapterShare": 0.75,
+            },
+            lambda p: lora_spread_affinity(
+                float(p["threshold"]),
+                float(p["spreadRatio"]),
+                float(p["spreadMargin"]),
+                float(p["maxAdapterShare"]),
+            ),
+        ),
         "lora-affinity-filter": (
             {"threshold": config.lora_affinity_threshold},
             lambda p: lora_soft_affinity(float(p["threshold"])),

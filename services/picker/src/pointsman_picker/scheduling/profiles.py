@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from pointsman_picker.scheduling.filters import Drop, Node, StepSink, run_tree
+from pointsman_picker.scheduling.filters import Drop, Node, StepSink, run_tree, uses_pending_prefill
 from pointsman_picker.scheduling.plugins import (
     Picker,
     PluginError,
@@ -37,6 +37,11 @@ class Profile:
     filters: tuple[Node, ...]
     scorers: tuple[tuple[str, float, Scorer], ...]
     picker: Picker
+
+    @property
+    def uses_pending_prefill(self) -> bool:
+        """Whether a filter reads the request's ``pending_prefill`` (the director works it out only then)."""
+        return any(uses_pending_prefill(node) for node in self.filters)
 
     def schedule(
         self, request: SchedulingRequest, pods: Pods, rng: random.Random, on_step: StepSink | None = None

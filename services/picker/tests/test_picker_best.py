@@ -1,0 +1,373 @@
+"""The scheduling behaviour of the `best` profile (config/profiles/best.yaml): the least-work and LoRA
+spread-affinity filters, the prefill backlog and target count the director keeps for them, and their
+config errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from picker_builders import NOW, config, pod, snapshot
+from prometheus_client import CollectorRegistry
+
+from pointsman_picker.assignments import PrefillBacklog, RecentTargets
+from pointsman_picker.director import Director, estimate_prompt_tokens
+from pointsman_picker.metrics import PickerMetrics
+from pointsman_picker.scheduling import Node, SchedulingRequest
+from pointsman_picker.scheduling.filters import (
+    least_kv_cache,
+    least_work,
+    lora_spread_affinity,
+    uses_pending_prefill,
+)
+from pointsman_picker.scheduling.plugins import PluginError
+from pointsman_picker.scheduling.profiles import build_profile
+from pointsman_picker.snapshots import StaticSnapshotSource
+from pointsman_shared.config import parse_config
+from pointsman_shared.snapshot import PodSnapshot
+
+PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
+
+
+def busy(waiting: int = 0, running: int = 0, kv: float = 0.0, **kw: Any) -> PodSnapshot:
+    return dataclasses.replace(pod(waiting, kv, **kw), running=running)
+
+
+def addresses(pods: Any) -> list[str]:
+    return [p.address for p in pods]
+
+
+def request(pending: dict[str, float] | None = None, target: str | None = "x") -> SchedulingRequest:
+    return SchedulingRequest(target, critical=True, pending_prefill=pending or {})
+
+
+# -- least work -------------------------------------------------------------------------------------
+# (perPendingToken, perRunning, perKvCache, perWaiting, tolerance)
+MS = (0.0345, 0.04, 20.0, 7.0, 3.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "pods", "pending", "expected"),
+    [
+        ("all idle: all kept", MS, [busy(address="a"), busy(address="b")], {}, ["a", "b"]),
+        (
+            "a long prompt assigned lately sends the next one elsewhere",
+            MS,
+            [busy(address="a"), busy(address="b")],
+            {"a": 1500.0},
+            ["b"],
+        ),
+        (
+            "a few pending tokens are within the tolerance",
+            MS,
+            [busy(address="a"), busy(address="b")],
+            {"a": 50.0},
+            ["a", "b"],
+        ),
+        (
+            "a waiting request weighs 7 ms",
+            MS,
+            [busy(1, address="a"), busy(0, address="b"), busy(0, 50, address="c")],
+            {},
+            ["b", "c"],
+        ),
+        (
+            "running and KV cache add up against pending tokens",
+            MS,
+            [busy(0, 200, 0.5, address="a"), busy(address="b")],
+            {"b": 400.0},
+            ["b"],
+        ),
+        (
+            "weights of 0 ignore a signal",
+            (0.0, 0.0, 0.0, 1.0, 0.0),
+            [busy(0, 200, 0.9, address="a"), busy(1, address="b")],
+            {"a": 9999.0},
+            ["a"],
+        ),
+        ("one pod is kept as it is", MS, [busy(9, address="a")], {"a": 10_000.0}, ["a"]),
+        ("no pods", MS, [], {}, []),
+    ],
+)
+def test_least_work(name, weights, pods, pending, expected):
+    kept = least_work(*weights)(request(pending), tuple(pods), random.Random(0))
+    assert addresses(kept) == expected, name
+
+
+# -- LoRA spread affinity ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "pods", "expected"),
+    [
+        (
+            "the pods with the adapter while they are not much busier than the mean",
+            [
+                busy(0, 100, max_lora=2, adapters={"x"}, address="near"),
+                busy(0, 95, max_lora=2, address="free"),
+            ],
+            ["near"],
+        ),
+        (
+            "spread to a free slot once the adapter's pods are past the mean by 10% + 8",
+            [
+                busy(0, 150, max_lora=2, adapters={"x"}, address="near"),  # mean 125: limit 145.5
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["free"],
+        ),
+        (
+            "the least loaded of the adapter's pods decides",
+            [
+                busy(0, 300, max_lora=2, adapters={"x"}, address="near1"),
+                busy(0, 100, max_lora=2, adapters={"x"}, address="near2"),
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["near1", "near2"],
+        ),
+        (
+            "waiting counts as load",
+            [busy(30, 0, max_lora=2, adapters={"x"}, address="near"), busy(0, 0, max_lora=2, address="free")],
+            ["free"],
+        ),
+        (
+            "no spreading while an adapter somewhere waits for a slot",
+            [
+                busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
+                busy(0, 100, max_lora=2, address="free"),
+                busy(0, 125, max_lora=1, adapters={"y"}, waiting_adapters={"z"}, address="starved"),
+            ],
+            ["near"],
+        ),
+        (
+            "a pod whose slots are all taken is never spread to",
+            [
+                busy(0, 300, max_lora=1, adapters={"x"}, address="near"),
+                busy(0, 0, max_lora=1, adapters={"y"}, address="full"),
+            ],
+            ["near"],
+        ),
+        (
+            "no pod has the adapter: the free slots",
+            [
+                busy(0, 0, max_lora=1, adapters={"y"}, address="full"),
+                busy(0, 50, max_lora=2, adapters={"y"}, address="free"),
+            ],
+            ["free"],
+        ),
+        (
+            "no adapter pod and no free slot: nothing",
+            [busy(0, 0, max_lora=1, adapters={"y"}, address="full")],
+            [],
+        ),
+    ],
+)
+def test_lora_spread_affinity(name, pods, expected):
+    kept = lora_spread_affinity(1.0, 0.1, 8.0)(request(), tuple(pods), random.Random(0))
+    assert addresses(kept) == expected, name
+
+
+@pytest.mark.parametrize(
+    ("name", "recent", "share", "expected"),
+    [
+        ("targets unknown (0): spread", 0, 0.75, ["free"]),
+        ("few adapters for the slots: spread", 3, 0.75, ["free"]),
+        ("exactly the share of the 4 slots: spread", 3, 0.75, ["free"]),
+        ("more adapters than the share of the slots: stay", 4, 0.75, ["near"]),
+        ("a share of 1 allows one adapter per slot", 4, 1.0, ["free"]),
+    ],
+)
+def test_lora_spread_affinity_leaves_the_slots_to_adapters_when_there_are_many(name, recent, share, expected):
+    pods = (
+        busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
+        busy(0, 100, max_lora=2, address="free"),
+    )
+    req = dataclasses.replace(request(), recent_targets=recent)
+    assert addresses(lora_spread_affinity(1.0, 0.1, 8.0, share)(req, pods, random.Random(0))) == expected, (
+        name
+    )
+
+
+def test_lora_spread_affinity_keeps_the_soft_threshold():
+    pods = (busy(max_lora=2, adapters={"x"}, address="near"), busy(max_lora=2, address="free"))
+    fn = lora_spread_affinity(0.9, 0.1, 8.0)
+    rng = random.Random(3)
+    picks = [addresses(fn(request(), pods, rng)) for _ in range(2000)]
+    assert 0.85 < picks.count(["near"]) / len(picks) < 0.95
+
+
+# -- which profiles need the backlog ---------------------------------------------------------------
+def test_only_trees_with_a_least_work_filter_read_the_pending_prefill():
+    work = Node("work", least_work(*MS))
+    kv = Node("kv", least_kv_cache)
+    assert uses_pending_prefill(Node("root", least_kv_cache, on_failure=work))
+    assert not uses_pending_prefill(Node("root", least_kv_cache, on_success=kv))
+    assert not uses_pending_prefill(None)
+
+
+def best_doc() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((PROFILES / "best.yaml").read_text(encoding="utf-8"))
+    return doc
+
+
+@pytest.mark.parametrize("name", ["best"])
+def test_the_shipped_profiles_build_and_ask_for_the_backlog(name):
+    doc = yaml.safe_load((PROFILES / f"{name}.yaml").read_text(encoding="utf-8"))
+    profile = build_profile(parse_config(doc))
+    assert profile.name == name
+    assert profile.uses_pending_prefill
+    assert not build_profile(parse_config({})).uses_pending_prefill  # the #423 tree does not
+
+
+# -- the prefill backlog ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "records", "at", "expected"),
+    [
+        ("nothing recorded", [], 0.0, {}),
+        ("drains at the rate", [("a", 1000, 0.0)], 0.02, {"a": 800.0}),
+        ("adds up", [("a", 1000, 0.0), ("a", 500, 0.01)], 0.01, {"a": 1400.0}),
+        ("never below zero, and then forgotten", [("a", 100, 0.0), ("a", 100, 1.0)], 1.05, {}),
+        ("an unknown prompt adds nothing", [("a", 0, 0.0)], 0.0, {}),
+        ("per pod", [("a", 1000, 0.0), ("b", 300, 0.01)], 0.01, {"a": 900.0, "b": 300.0}),
+    ],
+)
+def test_prefill_backlog(name, records, at, expected):
+    backlog = PrefillBacklog(10_000.0)
+    for address, tokens, now in records:
+        backlog.record(address, tokens, now)
+    assert backlog.pending(at) == pytest.approx(expected), name
+
+
+def test_recent_targets_count_the_distinct_targets_within_the_window():
+    targets = RecentTargets(10.0)
+    assert [targets.seen(t, at) for t, at in [("a", 0.0), ("a", 1.0), ("b", 2.0), (None, 3.0)]] == [
+        1,
+        1,
+        2,
+        3,
+    ]
+    # "a" (1.0) and "b" (2.0) are older than the window at 12.5: the others and "c" are left.
+    assert targets.seen("c", 12.5) == 2
+    assert targets.seen("c", 20.0) == 1
+    with pytest.raises(ValueError, match="positive"):
+        RecentTargets(0)
+
+
+def test_prefill_backlog_needs_a_positive_rate():
+    with pytest.raises(ValueError, match="positive"):
+        PrefillBacklog(0)
+
+
+# -- the director ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("doc", "tokens"),
+    [
+        ({"prompt": "x" * 400}, 100),
+        ({"prompt": ["x" * 40, "y" * 40, 7]}, 20),
+        ({"messages": [{"role": "user", "content": "x" * 80}, {"role": "system", "content": "y" * 20}]}, 25),
+        (
+            {"messages": [{"content": [{"type": "text", "text": "x" * 40}, {"type": "image_url"}]}, "junk"]},
+            10,
+        ),
+        ({"model": "m"}, 0),
+        ({"prompt": 5, "messages": "no"}, 0),
+    ],
+)
+def test_estimate_prompt_tokens(doc, tokens):
+    assert estimate_prompt_tokens(doc) == tokens
+
+
+def body(chars: int) -> bytes:
+    return b'{"model":"my-model","prompt":"' + b"x" * chars + b'"}'
+
+
+def best_director(pods: tuple[PodSnapshot, ...], clock: Any, **picker: Any) -> Director:
+    doc = best_doc()
+    doc["picker"] = {**doc["picker"], **picker}
+    return Director(
+        config(**doc),
+        StaticSnapshotSource(snapshot(*pods)),
+        PickerMetrics(CollectorRegistry()),
+        rng=random.Random(1),
+        clock=clock,
+    )
+
+
+def test_a_long_prompt_keeps_the_next_requests_off_its_pod_until_it_drains():
+    pods = (pod(address="a"), pod(address="b"))
+    now = [NOW]
+    d = best_director(pods, lambda: now[0])
+    first = d.route(body(4 * 2000)).endpoint  # 2000 tokens: ~69 ms of prefill
+    other = "b" if first == "a" else "a"
+    now[0] += 0.001
+    second = d.route(body(40)).endpoint  # one waiting request each now (7 ms), but 69 ms pending on `first`
+    assert second == other
+    now[0] += 0.001
+    assert d.route(body(40)).endpoint == other
+    # 20k tokens/s drain the 2000 in 0.1 s; then the waiting counts decide again (two on `other`).
+    now[0] += 0.2
+    assert d.route(body(40)).endpoint == first
+
+
+def test_the_default_profile_keeps_no_backlog():
+    ticks = itertools.count(1)
+    d = Director(
+        config(),
+        StaticSnapshotSource(snapshot(pod(address="a"))),
+        PickerMetrics(CollectorRegistry()),
+        rng=random.Random(1),
+        clock=lambda: NOW + next(ticks) / 1000,
+    )
+    assert d.route(body(4000)).endpoint == "a"
+    assert d._backlog is None
+    assert d._targets is None
+
+
+def test_the_best_profile_is_told_how_many_adapters_compete(monkeypatch):
+    pods = (pod(address="a"), pod(address="b"))
+    now = [NOW]
+    d = best_director(pods, lambda: now[0])
+    seen = []
+    schedule = d._scheduler.schedule
+    monkeypatch.setattr(
+        d._scheduler, "schedule", lambda req, *a: seen.append(req.recent_targets) or schedule(req, *a)
+    )
+    for _ in range(3):
+        now[0] += 0.01
+        d.route(body(40))
+    assert seen == [1, 1, 1]  # one model, however often
+
+
+@pytest.mark.parametrize(
+    ("plugin", "path", "message"),
+    [
+        (
+            {"type": "least-work-filter", "parameters": {"perToken": 1}},
+            "plugins[0].parameters.perToken",
+            "unknown parameter",
+        ),
+        (
+            {"type": "least-work-filter", "parameters": {"tolerance": -1}},
+            "plugins[0].parameters.tolerance",
+            "negative",
+        ),
+        (
+            {"type": "lora-spread-affinity-filter", "parameters": {"spreadRatio": "high"}},
+            "plugins[0].parameters.spreadRatio",
+            "a number",
+        ),
+        (
+            {"type": "lora-spread-affinity-filter", "parameters": {"spreadMargin": -2}},
+            "plugins[0].parameters.spreadMargin",
+            "negative",
+        ),
+    ],
+)
+def test_mistakes_name_their_path(plugin, path, message):
+    with pytest.raises(PluginError) as raised:
+        build_profile(parse_config({"plugins": [plugin]}))
+    assert raised.value.path == path
+    assert message in raised.value.message
