@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import yaml
 from pydantic import (
@@ -44,11 +44,13 @@ THRESHOLD_ENV = {
 class ConfigError(ValueError):
     """The config cannot be used; ``problems`` holds ``(path, message)`` pairs."""
 
+    what: ClassVar[str] = "config"  # what the message calls the document (a subclass names its own)
+
     def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
         self.source = source
         self.problems = problems
         lines = "\n".join(f"  {path}: {message}" for path, message in problems)
-        super().__init__(f"invalid config {source}:\n{lines}")
+        super().__init__(f"invalid {self.what} {source}:\n{lines}")
 
 
 def split_host_port(value: str, default_port: int | None = None) -> tuple[str, int]:

@@ -28,7 +28,7 @@ from pointsman_quality.scenario import Scenario, ScenarioError
 from pointsman_quality.workload import ModelMix
 from pointsman_shared.config import ConfigError, PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot
-from pointsman_sim.fleet import Placement, TraceRequest
+from pointsman_sim.fleet import Placement, RoundRobin, TraceRequest
 
 
 class Router(Protocol):
@@ -48,15 +48,7 @@ class RandomRouter:
         pass
 
 
-class RoundRobinRouter:
-    def __init__(self) -> None:
-        self._next = 0
-
-    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
-        pod = self._next % len(pods)
-        self._next += 1
-        return pod
-
+class RoundRobinRouter(RoundRobin):
     def finished(self, request: TraceRequest) -> None:
         pass
 

@@ -17,19 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pointsman_quality.runs import RunStats
-from pointsman_quality.scenario import Scenario, Target
+from pointsman_quality.scenario import TARGET_METRICS, Scenario, Target
 from pointsman_quality.sweep import VariantResult
 
-SUMMARY_FIELDS = (
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "ttft_p99_s",
-    "tpot_p90_s",
-    "e2e_p90_s",
-    "tokens_per_s",
-    "adapter_loads",
-    "rejected",
-)
+SUMMARY_FIELDS = tuple(name for name in TARGET_METRICS if name != "capacity")  # per level
 
 
 OTHERS = "others"  # a target's `than`: the best of the other contenders on that metric

@@ -25,34 +25,19 @@ from pydantic.alias_generators import to_camel
 
 from pointsman_shared.config import ConfigError, PositiveSeconds, parse_config, validation_problems
 from pointsman_sim.engine import EngineConfig
-from pointsman_sim.profiles import ProfileError, load_profile, profile_names
+from pointsman_sim.profiles import ENGINE_KEYS, ProfileError, load_profile, profile_names
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError):
     """The scenario cannot be run; ``problems`` holds ``(path, message)`` pairs."""
 
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  {path}: {message}" for path, message in problems)
-        super().__init__(f"invalid scenario {source}:\n{lines}")
+    what = "scenario"
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=False
     )
-
-
-# EngineConfig fields a scenario may set, per fleet or per pod.
-ENGINE_KEYS = (
-    "num_gpu_blocks",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_loras",
-    "max_cpu_loras",
-)
 
 
 # What targets may name: a run's figures (see pointsman_quality.runs.RunStats) and the capacity.

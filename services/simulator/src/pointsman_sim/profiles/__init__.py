@@ -45,20 +45,21 @@ def load_profile(name: str) -> Profile:
     return parse_profile(name, yaml.safe_load(text))
 
 
-_ENGINE_KEYS = {
+# The EngineConfig fields a profile (or a benchmark scenario) may set as plain numbers.
+ENGINE_KEYS = (
     "num_gpu_blocks",
     "max_num_seqs",
     "max_num_batched_tokens",
     "max_model_len",
     "max_loras",
     "max_cpu_loras",
-}
+)
 
 
 def parse_profile(name: str, data: Any) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"profile {name}: expected a mapping, got {type(data).__name__}")
-    known = {*_ENGINE_KEYS, "model", "vllm_version", "scheduler", "step_time", "lora_load"}
+    known = {*ENGINE_KEYS, "model", "vllm_version", "scheduler", "step_time", "lora_load"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ProfileError(f"profile {name}: unknown keys {unknown}")
@@ -67,7 +68,7 @@ def parse_profile(name: str, data: Any) -> Profile:
         raise ProfileError(f"profile {name}: scheduler must be v0 or v1, got {scheduler!r}")
     try:
         engine = EngineConfig(
-            **{key: data[key] for key in _ENGINE_KEYS if key in data},
+            **{key: data[key] for key in ENGINE_KEYS if key in data},
             chunked_prefill=scheduler == "v1",
             step_time=_section(name, "step_time", StepTimeModel, data.get("step_time", {})),
             lora_load=_section(name, "lora_load", LoraLoadModel, data.get("lora_load", {})),
