@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGES := shared services/collector services/picker services/simulator tools/devstack tools/quality
 CONFIG ?= config/local.yaml
 
-.PHONY: help install run test test-unit test-integration lint fmt bench bench-collector bench-picker clean up down sim-calibration
+.PHONY: help install run test test-unit test-integration lint fmt bench bench-collector bench-picker bench-quality bench-quality-all clean up down sim-calibration
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -50,6 +50,13 @@ bench: install ## run the benchmarks (results in bench/results/)
 
 bench-collector: install ## the collector's CPU, scrapes/s and metric age at 200 pods (bench/results/collector.json)
 	$(BIN)/python bench/collector.py
+
+SCENARIO ?= bench/scenarios/multi-lora.yaml
+bench-quality: install ## routing quality in virtual time: SCENARIO=FILE (default multi-lora), QUICK=1 for a short run
+	$(BIN)/pointsman-quality $(if $(QUICK),--quick) $(SCENARIO)
+
+bench-quality-all: install ## routing quality, every scenario in bench/scenarios/ (reports in bench/results/)
+	$(BIN)/pointsman-quality bench/scenarios/*.yaml
 
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed: requirements/bench.txt
