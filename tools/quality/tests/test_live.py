@@ -266,6 +266,11 @@ def test_live_stats_take_percentiles_as_the_virtual_runs_do_after_the_warmup() -
     assert stats.e2e_p90_s == pytest.approx(10.0)
     assert stats.tokens_per_s == pytest.approx(50 / (121.0 - 102.0))
     assert live.live_stats(2.0, trace, results).finished == 12
+    # Every request reported: the k-th send is the k-th arrival, however early it went out.
+    early = [dataclasses.replace(r, start=r.start - 0.2) if i == 2 else r for i, r in enumerate(results)]
+    early.append(live.RequestResult(True, 113.0, 114.0, ttft=0.1, tpot=0.01, output_tokens=5))
+    counted = live.live_stats(2.0, trace, early, since=3.0)
+    assert (counted.requests, counted.finished) == (12, 11)
 
 
 def test_send_lag_is_each_send_against_its_arrival_after_the_first() -> None:

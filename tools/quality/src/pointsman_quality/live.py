@@ -313,8 +313,15 @@ def live_stats(
     if not results:
         return LiveStats(rate, sum(r.arrival >= since for r in trace), 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     zero = min(r.start for r in results) - (trace[0].arrival if trace else 0.0)
-    counted = [r for r in results if r.start - zero >= since - 1e-9]
     requests = sum(r.arrival >= since - 1e-9 for r in trace)
+    if len(results) == len(trace):
+        # The k-th send is the k-th arrival (sends keep the trace's order, give or take a few ms), so
+        # a request sent a hair early across ``since`` still counts once.
+        arrivals = sorted(r.arrival for r in trace)
+        by_send = sorted(results, key=lambda r: r.start)
+        counted = [r for r, at in zip(by_send, arrivals, strict=True) if at >= since - 1e-9]
+    else:
+        counted = [r for r in results if r.start - zero >= since - 1e-9]
     served = [r for r in counted if r.ok]
     ttft = sorted(r.ttft for r in served if r.ttft is not None)
     tpot = sorted(r.tpot for r in served if r.tpot is not None and r.output_tokens > 1)
@@ -544,8 +551,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"warm-up arrivals (sent, not counted: the cold start, every adapter loaded from disk), then "
         f"{setup['duration_s']:g} s of counted ones.",
         f"- Levels are fractions of `{setup['reference']}`'s capacity, {setup['capacity_rps']:.1f} req/s "
-        f"on the unscaled engine ({setup['capacity_source']}), so {setup['capacity_rps'] / k:.2f} req/s "
-        "live.",
+        f"on the unscaled engine ({setup['capacity_source']}): {setup['capacity_rps'] / k:.2f} req/s at "
+        f"1/{k:g} of the rate.",
         f"- Virtual: each live run replayed in virtual time with the requests the client sent, median of "
         f"{setup['virtual_seeds']} router seeds.",
         f"- Machine: {result['machine']['note']}",
