@@ -11,7 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 from picker_builders import pod, snapshot
 
-from pointsman_picker.snapshots import Backoff, RedisSnapshotSource, StaticSnapshotSource
+from pointsman_picker.snapshots import RedisSnapshotSource, StaticSnapshotSource
+from pointsman_shared.backoff import Backoff
 from pointsman_shared.codec import encode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+import random
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from pointsman_shared.aio import wait_event
+from pointsman_shared.backoff import Backoff, Jitter
 from pointsman_shared.codec import CodecError, decode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
@@ -66,16 +67,10 @@ class StaticSnapshotSource:
         pass
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff between failed attempts: ``initial * factor**(attempt - 1)``, capped."""
-
-    initial: float = 0.1
-    factor: float = 2.0
-    maximum: float = 5.0
-
-    def delay(self, attempt: int) -> float:
-        return min(self.maximum, self.initial * self.factor ** max(0, attempt - 1))
+# Redis back after an outage must mean fresh routing within a couple of intervals, not after a backoff
+# that outgrew picker.maxStaleness (2 s): the retries stay under half a second, jittered so that many
+# picker replicas do not come back in step.
+RETRY = Backoff(initial=0.1, maximum=0.5, jitter=Jitter.EQUAL)
 
 
 class RedisSnapshotSource:
@@ -85,13 +80,15 @@ class RedisSnapshotSource:
         keys: RedisKeys,
         *,
         poll_interval: float = 0.5,
-        backoff: Backoff | None = None,
+        backoff: Backoff = RETRY,
         io_timeout: float = 1.0,
+        rng: random.Random | None = None,
     ) -> None:
         self._url = url
         self._keys = keys
         self._poll_interval = poll_interval
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff
+        self._rng = rng if rng is not None else random.Random()
         self._io_timeout = io_timeout
         self._snapshot: PoolSnapshot | None = None
         self._ready = asyncio.Event()
@@ -179,7 +176,7 @@ class RedisSnapshotSource:
                 failures += 1
                 if failures == 1:
                     log.warning("cannot read the snapshot from Redis (keeping the last copy): %s", exc)
-                wait = self._backoff.delay(failures)
+                wait = self._backoff.delay(failures, self._rng)
             else:
                 if failures:
                     log.info("snapshot reads from Redis work again after %d failures", failures)
@@ -207,4 +204,4 @@ class RedisSnapshotSource:
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(self._backoff.delay(failures))
+            await asyncio.sleep(self._backoff.delay(failures, self._rng))
