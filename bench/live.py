@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -631,21 +632,11 @@ def level_runs(
             f"{rate:.2f} req/s live, {client.name}; virtual run ends at {end:.0f} s"
         )
         config = virtual.get(contender.name)
+
+        attempt = functools.partial(live_run, args, scenario, contender, config, sim_flags, trace, rate)
         try:
             try:
-                results, cpu = live_run(
-                    args,
-                    scenario,
-                    contender,
-                    config,
-                    sim_flags,
-                    trace,
-                    rate,
-                    here,
-                    timeout,
-                    client.tokenizer,
-                    i,
-                )
+                results, cpu = attempt(here, timeout, client.tokenizer, i)
             except ClientFailed as exc:
                 if client.tokenizer is None:
                     raise
@@ -655,19 +646,7 @@ def level_runs(
                     f"from there on: {str(exc).splitlines()[0]} (log: {here / 'inference-perf.log'})"
                 )
                 log(f"  {client.fallback}")
-                results, cpu = live_run(
-                    args,
-                    scenario,
-                    contender,
-                    config,
-                    sim_flags,
-                    trace,
-                    rate,
-                    here / "builtin",
-                    timeout,
-                    None,
-                    i,
-                )
+                results, cpu = attempt(here / "builtin", timeout, None, i)
         except Exception as exc:
             record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
             log(f"  failed: {record['error']}")
