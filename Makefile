@@ -28,9 +28,10 @@ install: $(STAMP) ## create .venv with every package pinned and the console scri
 run: install ## start the local stack in the foreground (Ctrl-C stops it)
 	$(BIN)/pointsman-stack --config $(CONFIG)
 
-lint: install ## ruff (format check + lint) and mypy
+lint: install ## ruff (format check + lint), the layer contracts (import-linter) and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy shared/src services/collector/src services/picker/src services/simulator/src tools/devstack/src tools/quality/src
 
 fmt: install ## format and autofix

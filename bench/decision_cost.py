@@ -132,7 +132,12 @@ def bench_director() -> dict[str, float]:
     for n in (3, 512):
         source = StaticSnapshotSource(PoolSnapshot("bench", 1, NOW, make_pods(n, random.Random(n))))
         director = Director(
-            config(), source, PickerMetrics(CollectorRegistry()), rng=random.Random(1), clock=clock
+            config(),
+            source,
+            PickerMetrics(CollectorRegistry()),
+            rng=random.Random(1),
+            clock=clock,
+            timer=time.perf_counter,
         )
         flight: deque[Routing] = deque(director.route(BODY) for _ in range(IN_FLIGHT))
 

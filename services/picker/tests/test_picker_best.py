@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,7 @@ def best_director(pods: tuple[PodSnapshot, ...], clock: Any, **picker: Any) -> D
         PickerMetrics(CollectorRegistry()),
         rng=random.Random(1),
         clock=clock,
+        timer=time.perf_counter,
     )
 
 
@@ -320,6 +322,7 @@ def test_the_default_profile_keeps_no_backlog():
         PickerMetrics(CollectorRegistry()),
         rng=random.Random(1),
         clock=lambda: NOW + next(ticks) / 1000,
+        timer=time.perf_counter,
     )
     assert d.route(body(4000)).endpoint == "a"
     assert d._backlog is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import random
+import time
 
 import pytest
 from picker_builders import NOW, config, pod, snapshot
@@ -22,7 +23,14 @@ BODY = b'{"model":"my-model","prompt":"hi"}'
 def director(snap=None, clock=lambda: NOW, **sections) -> tuple[Director, CollectorRegistry]:
     registry = CollectorRegistry()
     source = StaticSnapshotSource(snap)
-    d = Director(config(**sections), source, PickerMetrics(registry), rng=random.Random(1), clock=clock)
+    d = Director(
+        config(**sections),
+        source,
+        PickerMetrics(registry),
+        rng=random.Random(1),
+        clock=clock,
+        timer=time.perf_counter,
+    )
     return d, registry
 
 
@@ -139,7 +147,12 @@ def test_fail_open_without_endpoints_uses_the_last_known_healthy_pods():
     clock = [NOW]
     cfg = config(pool={"name": "test-pool", "failureMode": "FailOpen"})
     d = Director(
-        cfg, source, PickerMetrics(CollectorRegistry()), rng=random.Random(1), clock=lambda: clock[0]
+        cfg,
+        source,
+        PickerMetrics(CollectorRegistry()),
+        rng=random.Random(1),
+        clock=lambda: clock[0],
+        timer=time.perf_counter,
     )
     d.route(BODY)
     source.set(None)  # the snapshot expired in Redis

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
+import pytest
 from envoy.config.core.v3 import base_pb2
 from picker_builders import metadata, set_headers
 
+from pointsman_picker import errors
 from pointsman_picker.extproc import responses
 
 DEST = "x-gateway-destination-endpoint"
@@ -69,3 +72,35 @@ def test_empty_replies():
     assert responses.response_trailers_continue().WhichOneof("response") == "response_trailers"
     assert responses.request_trailers_continue().WhichOneof("response") == "request_trailers"
     assert responses.request_body_continue().WhichOneof("response") == "request_body"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.BadRequest("bad"),
+        errors.UnknownModel("who"),
+        errors.BodyTooLarge("big"),
+        errors.NoCapacity("full"),
+        errors.Internal("oops"),
+        errors.NoEndpoints("none"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_error_response_is_an_immediate_json_answer_with_the_error_s_status(error):
+    response = responses.error_response(error)
+    assert response.WhichOneof("response") == "immediate_response"
+    assert response.immediate_response.status.code == error.status
+    assert response.immediate_response.details == f"pointsman_{error.result}"
+    assert orjson.loads(response.immediate_response.body) == {
+        "error": {"code": error.status, "message": error.message}
+    }
+
+
+def test_error_response_carries_the_path_in_the_explain_header_when_asked():
+    error = errors.NoCapacity("full", explain="critical request -> dropped")
+    names = {h.header.key for h in responses.error_response(error).immediate_response.headers.set_headers}
+    assert "x-explain" not in names
+    answered = responses.error_response(error, "x-explain").immediate_response.headers.set_headers
+    assert {h.header.key: h.header.raw_value.decode() or h.header.value for h in answered}["x-explain"] == (
+        "critical request -> dropped"
+    )

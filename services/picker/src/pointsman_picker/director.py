@@ -1,7 +1,10 @@
 """From a complete request to a destination: resolve the model, rewrite the body, pick a pod.
 
-No gRPC here: the ext_proc stream calls :meth:`Director.route` once per request and turns the result
-(or the :class:`~pointsman_picker.errors.PickerError` it raises) into Envoy responses.
+Pure: no gRPC, protobuf, Redis, Prometheus or asyncio here or in what it imports (an import-linter
+contract holds it), and the clock, the timer and the randomness come in as arguments. The ext_proc
+stream calls :meth:`Director.route` once per request and turns the result (or the
+:class:`~pointsman_picker.errors.PickerError` it raises) into Envoy responses; the quality benchmark
+calls it in virtual time.
 """
 
 from __future__ import annotations
@@ -10,21 +13,19 @@ import dataclasses
 import logging
 import math
 import random
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pointsman_picker import errors
 from pointsman_picker.assignments import PrefillBacklog, RecentAssignments, RecentTargets
+from pointsman_picker.body import parse_body, with_model
 from pointsman_picker.explain import DecisionTrace
-from pointsman_picker.extproc.request import parse_body, with_model
-from pointsman_picker.metrics import PickerMetrics
+from pointsman_picker.ports import RoutingMetrics, SnapshotSource
 from pointsman_picker.resolution import ModelCatalog
+from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling import NoCapacity, Pods, Scheduler, SchedulingRequest
 from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.profiles import build_profile
-from pointsman_picker.snapshots import SnapshotSource
 from pointsman_shared.config import FailureMode, PointsmanConfig
 from pointsman_shared.snapshot import PoolSnapshot, is_fresh
 
@@ -36,17 +37,6 @@ CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokeniz
 RECENT_TARGETS_WINDOW = 30.0
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Routing:
-    endpoint: str  # "ip:port"
-    body: bytes | None  # what to forward; None for a request without a body
-    rewritten: bool
-    model: str = ""
-    target: str = ""
-    assigned_at: float = 0.0  # the director's clock at the decision
-    explain: str = ""  # the path taken, when asked for (see pointsman_picker.explain)
 
 
 def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pods, bool]:
@@ -106,15 +96,19 @@ class Director:
         self,
         config: PointsmanConfig,
         source: SnapshotSource,
-        metrics: PickerMetrics,
+        metrics: RoutingMetrics,
         *,
         rng: random.Random,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
+        timer: Callable[[], float],
     ) -> None:
+        """``clock`` is wall time in seconds (snapshots carry it); ``timer`` a monotonic clock for the
+        scheduler's own duration (``time.perf_counter`` in the server)."""
         self._source = source
         self._metrics = metrics
         self._rng = rng
         self._clock = clock
+        self._timer = timer
         self._assignments: RecentAssignments | None = None
         self._backlog: PrefillBacklog | None = None
         self._targets: RecentTargets | None = None
@@ -210,8 +204,8 @@ class Director:
             raise errors.NoEndpoints(why, model=model, target=target)
         self._decisions += 1
         timed = self._decisions % PLUGIN_TIMING_EVERY == 0
-        trace = DecisionTrace(time.perf_counter) if explain or timed else None
-        start = time.perf_counter()
+        trace = DecisionTrace(self._timer) if explain or timed else None
+        start = self._timer()
         recent = 0
         if self._assignments is not None:
             pods = self._assignments.adjust(pods, self._usable.index, not_before=now - self._max_staleness)
@@ -224,7 +218,7 @@ class Director:
                 recent_targets=self._targets.seen(request.target_model, now),
             )
         outcome = self._scheduler.schedule(request, pods, trace)
-        self._metrics.scheduler_duration.observe(time.perf_counter() - start)
+        self._metrics.scheduled(self._timer() - start)
         path = ""
         if trace is not None:
             if timed:

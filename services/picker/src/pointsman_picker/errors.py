@@ -1,4 +1,5 @@
-"""The picker's errors and the one function that turns them into an Envoy ImmediateResponse.
+"""The picker's errors; :func:`pointsman_picker.extproc.responses.error_response` is the one function that
+turns them into an Envoy ImmediateResponse.
 
 Each error carries the HTTP status Envoy answers with, upstream's canonical error code (the
 ``error_code`` label of ``inference_model_request_error_total``) and the ``result`` label of
@@ -16,11 +17,6 @@ Each error carries the HTTP status Envoy answers with, upstream's canonical erro
 from __future__ import annotations
 
 from typing import ClassVar
-
-import orjson
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-from pointsman_picker.extproc import responses
 
 
 class PickerError(Exception):
@@ -68,14 +64,3 @@ class NoEndpoints(PickerError):
 
 class Internal(PickerError):
     pass
-
-
-def error_response(error: PickerError, explain_header: str | None = None) -> pb.ProcessingResponse:
-    """The ImmediateResponse for ``error``; with ``explain_header``, the scheduling path in that header."""
-    body = orjson.dumps({"error": {"code": error.status, "message": error.message}})
-    response = responses.immediate(error.status, body, details=f"pointsman_{error.result}")
-    if explain_header and error.explain:
-        response.immediate_response.headers.set_headers.append(
-            responses.header(explain_header, error.explain)
-        )
-    return response

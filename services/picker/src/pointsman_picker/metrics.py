@@ -9,17 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from pointsman_picker.snapshots import SnapshotSource
-
-if TYPE_CHECKING:  # the stream module imports the director, which imports this one
-    from pointsman_picker.extproc.stream import Completion
+from pointsman_picker.ports import SnapshotSource
+from pointsman_picker.routing import Completion
 
 # Upstream's buckets.
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
@@ -115,6 +112,9 @@ class PickerMetrics:
             )
         children[0].inc()
         children[1].inc()
+
+    def scheduled(self, seconds: float) -> None:
+        self.scheduler_duration.observe(seconds)
 
     def failed(self, model: str, target: str, error_code: str, profile: str, result: str) -> None:
         """``model`` must be a configured model or "" (never raw client input: unbounded labels)."""

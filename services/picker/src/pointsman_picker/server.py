@@ -32,7 +32,7 @@ from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotColle
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import build_profile
-from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotSource
+from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotFeed
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config
 from pointsman_shared.keys import RedisKeys
 
@@ -56,7 +56,7 @@ class PickerApp:
         self,
         config: PointsmanConfig,
         *,
-        source: SnapshotSource,
+        source: SnapshotFeed,
         registry: CollectorRegistry,
         rng: random.Random,
         clock: Callable[[], float],
@@ -66,7 +66,7 @@ class PickerApp:
         self.registry = registry
         self.metrics = PickerMetrics(registry)
         registry.register(SnapshotCollector(source, config.pool.name, clock))
-        self.director = Director(config, source, self.metrics, rng=rng, clock=clock)
+        self.director = Director(config, source, self.metrics, rng=rng, clock=clock, timer=time.perf_counter)
         self.service = ExtProcService(
             self.director.route,
             stream_settings(config),
@@ -207,7 +207,7 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
 def create_app(
     config: PointsmanConfig,
     *,
-    source: SnapshotSource | None = None,
+    source: SnapshotFeed | None = None,
     registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.time,

@@ -1,6 +1,6 @@
 """Where the picker gets the pool's state: an in-memory copy of the newest snapshot.
 
-Requests only ever read the in-memory copy (:meth:`SnapshotSource.current`); refreshing it is a
+Requests only ever read the in-memory copy (:meth:`SnapshotFeed.current`); refreshing it is a
 background job. :class:`RedisSnapshotSource` re-reads the snapshot hash when the collector announces a
 new version on the pool's channel, and polls it as a safety net. When Redis is unreachable it keeps the
 last copy and retries with backoff. When the hash is gone (it expires when the collector dies), there is
@@ -20,6 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from pointsman_picker.ports import SnapshotSource
 from pointsman_shared.aio import wait_event
 from pointsman_shared.backoff import Backoff, Jitter
 from pointsman_shared.codec import CodecError, decode_pool
@@ -29,9 +30,8 @@ from pointsman_shared.snapshot import PoolSnapshot
 log = logging.getLogger(__name__)
 
 
-class SnapshotSource(Protocol):
-    def current(self) -> PoolSnapshot | None:
-        """The newest snapshot known, without I/O."""
+class SnapshotFeed(SnapshotSource, Protocol):
+    """A :class:`~pointsman_picker.ports.SnapshotSource` kept fresh by a background job."""
 
     async def wait_ready(self) -> None:
         """Return once a first snapshot has arrived."""

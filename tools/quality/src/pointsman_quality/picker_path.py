@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
-
-from pointsman_picker.director import Director, Routing
+from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
-from pointsman_picker.metrics import PickerMetrics
+from pointsman_picker.ports import NoMetrics
+from pointsman_picker.routing import Routing
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import Placement, TraceRequest
@@ -44,15 +44,6 @@ class FleetSnapshots:
     def current(self) -> PoolSnapshot | None:
         return self._snapshot
 
-    async def wait_ready(self) -> None:  # the SnapshotSource protocol; nothing waits in virtual time
-        return None
-
-    async def start(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
 
 class DirectorRouter:
     """A fleet-driver router that asks the picker's Director for every request; ``None`` (shed) when it
@@ -63,7 +54,12 @@ class DirectorRouter:
         self._base = base_model
         self._snapshots = FleetSnapshots(config.pool.name)
         self.director = Director(
-            config, self._snapshots, PickerMetrics(CollectorRegistry()), rng=rng, clock=lambda: self.now
+            config,
+            self._snapshots,
+            NoMetrics(),
+            rng=rng,
+            clock=lambda: self.now,
+            timer=time.perf_counter,
         )
         self._index: dict[str, int] = {}
         self._routings: dict[int, Routing] = {}  # by id() of the trace request, while it runs

@@ -1,10 +1,14 @@
-"""Pure builders of the ext_proc ``ProcessingResponse`` messages the picker sends (protobuf only, no gRPC)."""
+"""Pure builders of the ext_proc ``ProcessingResponse`` messages the picker sends (protobuf only, no gRPC),
+and :func:`error_response`, the one place a picker error becomes an Envoy answer."""
 
 from __future__ import annotations
 
+import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
+
+from pointsman_picker.errors import PickerError
 
 CONTENT_LENGTH = "Content-Length"
 # Envoy's limit for one streamed body mutation in FULL_DUPLEX_STREAMED mode is 64 KiB; upstream
@@ -158,3 +162,12 @@ def response_body_echo(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRespon
 
 def response_trailers_continue() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def error_response(error: PickerError, explain_header: str | None = None) -> pb.ProcessingResponse:
+    """The ImmediateResponse for ``error``; with ``explain_header``, the scheduling path in that header."""
+    body = orjson.dumps({"error": {"code": error.status, "message": error.message}})
+    response = immediate(error.status, body, details=f"pointsman_{error.result}")
+    if explain_header and error.explain:
+        response.immediate_response.headers.set_headers.append(header(explain_header, error.explain))
+    return response

@@ -14,7 +14,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
-from pointsman_picker.director import Routing
 from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
@@ -24,7 +23,8 @@ from pointsman_picker.extproc.stream import (
     Route,
     StreamSettings,
 )
-from pointsman_picker.h2grpc.connection import Method, ServerStream, Status
+from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
+from pointsman_picker.routing import Routing
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 HEALTH_CHECK_PATH = "/grpc.health.v1.Health/Check"

@@ -32,10 +32,10 @@ from typing import Any
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from pointsman_picker.director import Routing
-from pointsman_picker.errors import BodyTooLarge, Internal, PickerError, error_response
+from pointsman_picker.errors import BodyTooLarge, Internal, PickerError
 from pointsman_picker.extproc import responses
-from pointsman_picker.extproc.usage import Usage, UsageScanner
+from pointsman_picker.extproc.usage import UsageScanner
+from pointsman_picker.routing import Completion, Routing
 
 REQUEST_ID_HEADER = "x-request-id"
 _MODE = processing_mode_pb2.ProcessingMode
@@ -49,19 +49,6 @@ _MAX_REQUEST_ID = 128
 Route = Callable[[bytes | None, bool], Routing]  # (body, explain) -> routing
 ErrorSink = Callable[[PickerError], None]
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One routed request whose response Envoy showed the picker, from request headers to response end."""
-
-    model: str
-    target: str
-    status: int
-    duration: float
-    request_bytes: int
-    response_bytes: int
-    usage: Usage | None
 
 
 CompletionSink = Callable[[Completion], None]
@@ -304,7 +291,7 @@ class RequestStream:
             f" [{error.explain}]" if error.explain else "",
         )
         self._on_error(error)
-        return [error_response(error, self._settings.explain_header if self._explain else None)]
+        return [responses.error_response(error, self._settings.explain_header if self._explain else None)]
 
 
 def _header(headers: pb.HttpHeaders, name: str) -> str | None:

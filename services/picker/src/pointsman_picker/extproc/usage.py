@@ -8,19 +8,14 @@ costs one substring search per event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from pointsman_picker.routing import Usage
+
 _USAGE = b'"usage"'
 _DATA = b"data:"
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
 
 
 def usage_of(doc: Any) -> Usage | None:

@@ -10,11 +10,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import cast
 
-from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
+from pointsman_picker.h2grpc.calls import Method
 from pointsman_picker.h2grpc.protocol import H2Protocol
-
-# extproc/servicer.py imports the method contract from here, as it did before calls.py held it.
-__all__ = ["H2Connection", "Method", "ServerStream", "Status"]
 
 
 class H2Connection(asyncio.Protocol):

@@ -1,12 +1,13 @@
-"""What the picker reads from a request body, and the rewrite of its ``model`` (spec §1)."""
+"""What the picker reads from a request body (Go's encoding/json rules, spec §1), and the rewrite of its
+``model``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from pointsman_picker import goencoding
 from pointsman_picker.errors import BadRequest, Internal
-from pointsman_picker.extproc import goencoding
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,36 @@
+"""The values a request's life produces: the director's :class:`Routing`, and the :class:`Completion`
+of a routed request whose response Envoy showed the picker (with the :class:`Usage` read from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    endpoint: str  # "ip:port"
+    body: bytes | None  # what to forward; None for a request without a body
+    rewritten: bool
+    model: str = ""
+    target: str = ""
+    assigned_at: float = 0.0  # the director's clock at the decision
+    explain: str = ""  # the path taken, when asked for (see pointsman_picker.explain)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One routed request whose response Envoy showed the picker, from request headers to response end."""
+
+    model: str
+    target: str
+    status: int
+    duration: float
+    request_bytes: int
+    response_bytes: int
+    usage: Usage | None
