@@ -7,7 +7,7 @@ import random
 import pytest
 
 from pointsman_picker.h2grpc import wire
-from pointsman_picker.h2grpc.wire import ErrorCode, FrameType, HeaderDecoder, ProtocolError
+from pointsman_picker.h2grpc.wire import ErrorCode, FrameType, H2ConnectionError, HeaderDecoder
 
 
 def h(text: str) -> bytes:
@@ -80,7 +80,7 @@ def test_rfc7541_single_fields(block, expected):
 def test_only_incremental_literals_enter_the_table():
     decoder = HeaderDecoder()
     decoder.decode(h("040c 2f73 616d 706c 652f 7061 7468"))  # without indexing
-    with pytest.raises(ProtocolError):
+    with pytest.raises(H2ConnectionError):
         decoder.decode(h("be"))  # index 62: the (empty) dynamic table
 
 
@@ -89,7 +89,7 @@ def test_old_entries_are_evicted_past_the_table_size():
     decoder.decode(h("4001 61") + bytes([26]) + b"a" * 26)
     decoder.decode(h("4001 62") + bytes([26]) + b"b" * 26)
     assert decoder.decode(h("be")) == [(b"b", b"b" * 26)]
-    with pytest.raises(ProtocolError):
+    with pytest.raises(H2ConnectionError):
         decoder.decode(h("bf"))
 
 
@@ -106,7 +106,7 @@ def test_old_entries_are_evicted_past_the_table_size():
     ],
 )
 def test_malformed_blocks_are_compression_errors(block, why):
-    with pytest.raises(ProtocolError) as raised:
+    with pytest.raises(H2ConnectionError) as raised:
         HeaderDecoder().decode(h(block))
     assert raised.value.code is ErrorCode.COMPRESSION_ERROR, why
 
@@ -156,7 +156,7 @@ def test_settings_round_trip_and_reject_a_torn_payload():
     raw = wire.settings_frame({wire.Setting.INITIAL_WINDOW_SIZE: 10, wire.Setting.MAX_FRAME_SIZE: 16_384})
     payload = raw[wire.FRAME_HEADER_BYTES :]
     assert list(wire.parse_settings(payload)) == [(4, 10), (5, 16_384)]
-    with pytest.raises(ProtocolError):
+    with pytest.raises(H2ConnectionError):
         list(wire.parse_settings(payload[:5]))
 
 
@@ -173,7 +173,7 @@ def test_unpad(payload, flags, expected):
 
 
 def test_padding_longer_than_the_frame_is_a_protocol_error():
-    with pytest.raises(ProtocolError):
+    with pytest.raises(H2ConnectionError):
         wire.unpad(b"\x05ab", wire.PADDED)
 
 

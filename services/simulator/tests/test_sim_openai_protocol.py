@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pointsman_sim.openai_protocol import ProtocolError, filler_text, parse_chat, parse_completion
+from pointsman_sim.openai_protocol import InvalidRequest, filler_text, parse_chat, parse_completion
 
 MODEL = "m"
 
@@ -34,7 +34,7 @@ def test_completion_prompt_tokens(prompt: object, tokens: int) -> None:
 )
 def test_rejects(body: dict[str, object]) -> None:
     parse = parse_chat if "messages" in body else parse_completion
-    with pytest.raises(ProtocolError):
+    with pytest.raises(InvalidRequest):
         parse(body)
 
 

@@ -42,7 +42,7 @@ from pointsman_sim.metrics import CONTENT_TYPE
 from pointsman_sim.openai_protocol import (
     ChatCompletion,
     GenerationCall,
-    ProtocolError,
+    InvalidRequest,
     TextCompletion,
     error_body,
     filler_text,
@@ -50,7 +50,7 @@ from pointsman_sim.openai_protocol import (
     parse_completion,
     usage,
 )
-from pointsman_sim.pod import SimPod, UnknownModel
+from pointsman_sim.pod import ModelNotServed, SimPod
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def create_app(pod: SimPod) -> FastAPI:
             return _error(400, "BadRequestError", "lora_name is required", "lora_name")
         try:
             pod.unload_adapter(name)
-        except UnknownModel:
+        except ModelNotServed:
             return _error(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.", "lora_name")
         return Response(f"Success: LoRA adapter '{name}' removed successfully.", media_type="text/plain")
 
@@ -166,14 +166,14 @@ async def _generate(
         call = parse(orjson.loads(await request.body()))
     except orjson.JSONDecodeError as exc:
         return _error(400, "BadRequestError", f"the body is not JSON: {exc}")
-    except ProtocolError as exc:
+    except InvalidRequest as exc:
         return _error(400, "BadRequestError", str(exc), exc.param)
     if pod.faults is not None and pod.faults.inference_status is not None:
         return _error(pod.faults.inference_status, "InternalServerError", "injected fault: inference fails")
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     try:
         stream = pod.submit(request_id, call.model, call.prompt_tokens, call.max_tokens)
-    except UnknownModel:
+    except ModelNotServed:
         return _error(404, "NotFoundError", f"The model `{call.model}` does not exist.", "model")
     except RequestRejected as exc:
         return _error(400, "BadRequestError", str(exc))

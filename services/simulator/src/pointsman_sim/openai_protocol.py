@@ -13,7 +13,7 @@ _FILLER = (
 )  # fmt: skip
 
 
-class ProtocolError(ValueError):
+class InvalidRequest(ValueError):
     """The request body is not a request this server understands (HTTP 400)."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
@@ -48,7 +48,7 @@ def parse_completion(body: object) -> GenerationCall:
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         prompt_tokens = len(prompt)
     else:
-        raise ProtocolError("prompt must be a string or a list of token ids (one prompt)", "prompt")
+        raise InvalidRequest("prompt must be a string or a list of token ids (one prompt)", "prompt")
     return _call(fields, prompt_tokens, fields.get("max_tokens"))
 
 
@@ -56,7 +56,7 @@ def parse_chat(body: object) -> GenerationCall:
     fields = _object(body)
     messages = fields.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise ProtocolError("messages must be a non-empty list of message objects", "messages")
+        raise InvalidRequest("messages must be a non-empty list of message objects", "messages")
     chars = sum(_content_chars(m.get("content")) for m in messages)
     max_tokens = fields.get("max_completion_tokens", fields.get("max_tokens"))
     return _call(fields, approx_tokens(chars), max_tokens)
@@ -64,9 +64,9 @@ def parse_chat(body: object) -> GenerationCall:
 
 def _object(body: object) -> dict[str, object]:
     if not isinstance(body, dict):
-        raise ProtocolError("the request body must be a JSON object")
+        raise InvalidRequest("the request body must be a JSON object")
     if not isinstance(body.get("model"), str):
-        raise ProtocolError("model must be a string", "model")
+        raise InvalidRequest("model must be a string", "model")
     return body
 
 
@@ -89,7 +89,7 @@ def _content_chars(content: object) -> int:
 def _call(fields: dict[str, object], prompt_tokens: int, max_tokens: object) -> GenerationCall:
     stream = fields.get("stream", False)
     if not isinstance(stream, bool):
-        raise ProtocolError("stream must be a boolean", "stream")
+        raise InvalidRequest("stream must be a boolean", "stream")
     options = fields.get("stream_options")
     return GenerationCall(
         model=str(fields["model"]),
@@ -104,7 +104,7 @@ def _max_tokens(value: object) -> int:
     if value is None:
         return DEFAULT_MAX_TOKENS
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProtocolError(f"max_tokens must be a positive integer, got {value!r}", "max_tokens")
+        raise InvalidRequest(f"max_tokens must be a positive integer, got {value!r}", "max_tokens")
     return value
 
 

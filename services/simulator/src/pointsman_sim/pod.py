@@ -15,7 +15,7 @@ from pointsman_sim.metrics import Load, PodMetrics
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-class UnknownModel(LookupError):
+class ModelNotServed(LookupError):
     """The request names neither the base model nor one of the pod's adapters."""
 
 
@@ -79,9 +79,9 @@ class SimPod:
         self._adapters.append(name)
 
     def unload_adapter(self, name: str) -> None:
-        """Stop serving an adapter (requests in flight finish); raise :class:`UnknownModel`."""
+        """Stop serving an adapter (requests in flight finish); raise :class:`ModelNotServed`."""
         if name not in self._adapters:
-            raise UnknownModel(name)
+            raise ModelNotServed(name)
         self._adapters.remove(name)
         self.engine.unload_adapter(name)
 
@@ -95,10 +95,10 @@ class SimPod:
             return None
         if model in self._adapters:
             return model
-        raise UnknownModel(model)
+        raise ModelNotServed(model)
 
     def submit(self, request_id: str, model: str, prompt_tokens: int, max_tokens: int) -> RequestStream:
-        """Raise :class:`UnknownModel`, or the engine's ``RequestRejected``."""
+        """Raise :class:`ModelNotServed`, or the engine's ``RequestRejected``."""
         adapter = self.adapter_for(model)
         return self.driver.submit(request_id, prompt_tokens, max_tokens, adapter)
 

@@ -20,7 +20,7 @@ from pointsman_picker.extproc.stream import (
     ErrorSink,
     Phase,
     RequestStream,
-    Route,
+    RouteRequest,
     StreamSettings,
 )
 from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
@@ -33,7 +33,7 @@ HEALTH_CHECK_PATH = "/grpc.health.v1.Health/Check"
 class ExtProcService:
     def __init__(
         self,
-        route: Route,
+        route: RouteRequest,
         settings: StreamSettings,
         *,
         on_error: ErrorSink,

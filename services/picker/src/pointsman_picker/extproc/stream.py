@@ -46,7 +46,7 @@ _EVENT_STREAM = "text/event-stream"
 _LOG_LEVELS = {429: logging.DEBUG, 503: logging.DEBUG, 500: logging.WARNING}
 _MAX_REQUEST_ID = 128
 
-Route = Callable[[bytes | None, bool], Routing]  # (body, explain) -> routing
+RouteRequest = Callable[[bytes | None, bool], Routing]  # (body, explain) -> routing
 ErrorSink = Callable[[PickerError], None]
 Clock = Callable[[], float]
 
@@ -85,7 +85,7 @@ _NO_ID_LOG = RequestLog(log, {"request_id": "-"})
 class RequestStream:
     def __init__(
         self,
-        route: Route,
+        route: RouteRequest,
         settings: StreamSettings,
         *,
         on_error: ErrorSink,

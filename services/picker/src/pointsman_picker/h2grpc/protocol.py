@@ -31,7 +31,7 @@ from pointsman_picker.h2grpc.wire import (
     PRIORITY,
     ErrorCode,
     FrameType,
-    ProtocolError,
+    H2ConnectionError,
     Setting,
 )
 
@@ -163,7 +163,7 @@ class H2Protocol:
         self._reading = True
         try:
             self._receive(data)
-        except ProtocolError as exc:
+        except H2ConnectionError as exc:
             log.warning("HTTP/2 connection error: %s", exc)
             self._write(wire.goaway(self._last_stream_id, exc.code, str(exc).encode()[:256]))
             self.close()
@@ -215,17 +215,17 @@ class H2Protocol:
         if not self._preface_seen:
             if len(buffer) < len(wire.PREFACE):
                 if not wire.PREFACE.startswith(bytes(buffer)):
-                    raise ProtocolError("not an HTTP/2 client preface")
+                    raise H2ConnectionError("not an HTTP/2 client preface")
                 return
             if not buffer.startswith(wire.PREFACE):
-                raise ProtocolError("not an HTTP/2 client preface")
+                raise H2ConnectionError("not an HTTP/2 client preface")
             self._preface_seen = True
             at = len(wire.PREFACE)
         end = len(view)
         while end - at >= wire.FRAME_HEADER_BYTES:
             length, kind, flags, stream_id = wire.frame_header(view, at)
             if length > MAX_FRAME:
-                raise ProtocolError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
+                raise H2ConnectionError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
             start = at + wire.FRAME_HEADER_BYTES
             if end - start < length:
                 break
@@ -238,7 +238,7 @@ class H2Protocol:
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._header_block is not None and kind != FrameType.CONTINUATION:
-            raise ProtocolError("a header block was interrupted")
+            raise H2ConnectionError("a header block was interrupted")
         if kind == FrameType.DATA:
             self._data(flags, stream_id, payload)
         elif kind == FrameType.HEADERS:
@@ -251,7 +251,7 @@ class H2Protocol:
             self._settings(flags, stream_id, payload)
         elif kind == FrameType.PING:
             if len(payload) != 8 or stream_id:
-                raise ProtocolError("malformed PING", ErrorCode.FRAME_SIZE_ERROR)
+                raise H2ConnectionError("malformed PING", ErrorCode.FRAME_SIZE_ERROR)
             if not flags & ACK:
                 self._write(wire.frame(FrameType.PING, ACK, 0, payload))
         elif kind == FrameType.RST_STREAM:
@@ -267,12 +267,12 @@ class H2Protocol:
             self._going_away = True
             self._close_if_idle()
         elif kind == FrameType.PUSH_PROMISE:
-            raise ProtocolError("a client may not push")
+            raise H2ConnectionError("a client may not push")
         # PRIORITY and unknown frame types are ignored, as RFC 9113 allows.
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
-            raise ProtocolError("DATA on stream 0")
+            raise H2ConnectionError("DATA on stream 0")
         self._unacked += len(payload)
         if self._unacked >= RECEIVE_WINDOW // 2:
             self._write(wire.window_update(0, self._unacked))
@@ -334,7 +334,7 @@ class H2Protocol:
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
-            raise ProtocolError("HEADERS on stream 0")
+            raise H2ConnectionError("HEADERS on stream 0")
         payload = wire.unpad(payload, flags)
         if flags & PRIORITY:
             payload = payload[5:]
@@ -346,10 +346,10 @@ class H2Protocol:
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         pending = self._header_block
         if pending is None or pending[0] != stream_id:
-            raise ProtocolError("CONTINUATION without its HEADERS")
+            raise H2ConnectionError("CONTINUATION without its HEADERS")
         pending[2].extend(payload)
         if len(pending[2]) > MAX_FRAME:
-            raise ProtocolError("header block too large", ErrorCode.FRAME_SIZE_ERROR)
+            raise H2ConnectionError("header block too large", ErrorCode.FRAME_SIZE_ERROR)
         if flags & END_HEADERS:
             self._header_block = None
             self._header_block_done(stream_id, pending[1], bytes(pending[2]))
@@ -364,7 +364,7 @@ class H2Protocol:
         if stream_id <= self._last_stream_id:
             return  # trailers of a stream this side already ended
         if stream_id % 2 == 0:
-            raise ProtocolError("a client stream id must be odd")
+            raise H2ConnectionError("a client stream id must be odd")
         self._last_stream_id = stream_id
         if self._going_away:
             self._write(wire.rst_stream(stream_id, ErrorCode.REFUSED_STREAM))
@@ -403,12 +403,12 @@ class H2Protocol:
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise ProtocolError("malformed WINDOW_UPDATE", ErrorCode.FRAME_SIZE_ERROR)
+            raise H2ConnectionError("malformed WINDOW_UPDATE", ErrorCode.FRAME_SIZE_ERROR)
         increment = wire.u32(payload) & wire.MAX_WINDOW
         if not stream_id:
             self._send_window += increment
             if self._send_window > wire.MAX_WINDOW:
-                raise ProtocolError("connection window overflow", ErrorCode.FLOW_CONTROL_ERROR)
+                raise H2ConnectionError("connection window overflow", ErrorCode.FLOW_CONTROL_ERROR)
             for stream in list(self._streams.values()):
                 self._drain(stream)
             return
@@ -419,19 +419,19 @@ class H2Protocol:
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
-            raise ProtocolError("SETTINGS on a stream")
+            raise H2ConnectionError("SETTINGS on a stream")
         if flags & ACK:
             return
         for key, value in wire.parse_settings(payload):
             if key == Setting.INITIAL_WINDOW_SIZE:
                 if value > wire.MAX_WINDOW:
-                    raise ProtocolError("initial window too large", ErrorCode.FLOW_CONTROL_ERROR)
+                    raise H2ConnectionError("initial window too large", ErrorCode.FLOW_CONTROL_ERROR)
                 delta, self._peer_window = value - self._peer_window, value
                 for stream in self._streams.values():
                     stream.send_window += delta
             elif key == Setting.MAX_FRAME_SIZE:
                 if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
-                    raise ProtocolError("bad MAX_FRAME_SIZE")
+                    raise H2ConnectionError("bad MAX_FRAME_SIZE")
                 self._peer_max_frame = value
         self._write(wire.frame(FrameType.SETTINGS, ACK, 0))
         for stream in list(self._streams.values()):

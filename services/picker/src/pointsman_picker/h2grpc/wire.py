@@ -74,8 +74,9 @@ class ErrorCode(enum.IntEnum):
     COMPRESSION_ERROR = 9
 
 
-class ProtocolError(Exception):
-    """The peer broke HTTP/2: the connection ends with GOAWAY and this code."""
+class H2ConnectionError(Exception):
+    """A connection error (RFC 9113 §5.4.1): the peer broke HTTP/2; the connection ends with GOAWAY and this
+    code."""
 
     def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL_ERROR) -> None:
         super().__init__(message)
@@ -102,7 +103,7 @@ def settings_frame(settings: dict[Setting, int]) -> bytes:
 
 def parse_settings(payload: bytes) -> Iterator[tuple[int, int]]:
     if len(payload) % 6:
-        raise ProtocolError("SETTINGS payload is not a multiple of 6", ErrorCode.FRAME_SIZE_ERROR)
+        raise H2ConnectionError("SETTINGS payload is not a multiple of 6", ErrorCode.FRAME_SIZE_ERROR)
     for at in range(0, len(payload), 6):
         yield _SETTING.unpack_from(payload, at)
 
@@ -129,7 +130,7 @@ def unpad(payload: bytes, flags: int) -> bytes:
     if not flags & PADDED:
         return payload
     if not payload or payload[0] >= len(payload):
-        raise ProtocolError("padding longer than the frame")
+        raise H2ConnectionError("padding longer than the frame")
     return payload[1 : len(payload) - payload[0]]
 
 
@@ -170,7 +171,7 @@ class HeaderDecoder:
         try:
             return self._decode(block)
         except IndexError:
-            raise ProtocolError("truncated header block", ErrorCode.COMPRESSION_ERROR) from None
+            raise H2ConnectionError("truncated header block", ErrorCode.COMPRESSION_ERROR) from None
 
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         fields: list[tuple[bytes, bytes]] = []
@@ -187,7 +188,7 @@ class HeaderDecoder:
             elif first & 0x20:  # dynamic table size update
                 size, at = _integer(block, at, 5)
                 if size > self._max_allowed:
-                    raise ProtocolError("table size update above the limit", ErrorCode.COMPRESSION_ERROR)
+                    raise H2ConnectionError("table size update above the limit", ErrorCode.COMPRESSION_ERROR)
                 self._max = size
                 self._evict()
             else:  # literal without indexing (0000) or never indexed (0001)
@@ -200,7 +201,7 @@ class HeaderDecoder:
             return _STATIC[index - 1]
         dynamic = index - len(_STATIC) - 1
         if index == 0 or dynamic >= len(self._dynamic):
-            raise ProtocolError(f"header index {index} out of range", ErrorCode.COMPRESSION_ERROR)
+            raise H2ConnectionError(f"header index {index} out of range", ErrorCode.COMPRESSION_ERROR)
         return self._dynamic[dynamic]
 
     def _literal_field(self, block: bytes, at: int, prefix: int) -> tuple[tuple[bytes, bytes], int]:
@@ -217,7 +218,7 @@ class HeaderDecoder:
         length, at = _integer(block, at, 7)
         end = at + length
         if end > len(block):
-            raise ProtocolError("header string past the block", ErrorCode.COMPRESSION_ERROR)
+            raise H2ConnectionError("header string past the block", ErrorCode.COMPRESSION_ERROR)
         raw = block[at:end]
         if not huffman:
             return raw, end
@@ -226,7 +227,7 @@ class HeaderDecoder:
             try:
                 decoded = decode_huffman(raw)
             except Exception as exc:  # hpack raises its own HPACKDecodingError
-                raise ProtocolError(f"bad Huffman string: {exc}", ErrorCode.COMPRESSION_ERROR) from None
+                raise H2ConnectionError(f"bad Huffman string: {exc}", ErrorCode.COMPRESSION_ERROR) from None
             if len(self._huffman) >= _HUFFMAN_CACHE_ENTRIES:
                 self._huffman.clear()
             self._huffman[raw] = decoded
@@ -258,7 +259,7 @@ def _integer(block: bytes, at: int, prefix: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, at
         if shift > 28:
-            raise ProtocolError("HPACK integer too large", ErrorCode.COMPRESSION_ERROR)
+            raise H2ConnectionError("HPACK integer too large", ErrorCode.COMPRESSION_ERROR)
 
 
 # -- HPACK: the server's fixed header blocks -----------------------------------------------------------
