@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PACKAGES := shared services/collector services/picker services/simulator tools/devstack tools/quality
+PACKAGES := shared services/collector services/picker services/simulator tools/devstack tools/quality tools/testkit
 CONFIG ?= config/local.yaml
 
 .PHONY: help install run test test-unit test-integration lint fmt bench bench-collector bench-picker bench-quality bench-quality-all clean up down sim-calibration
@@ -32,7 +32,7 @@ lint: install ## ruff (format check + lint), the layer contracts (import-linter)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/mypy shared/src services/collector/src services/picker/src services/simulator/src tools/devstack/src tools/quality/src
+	$(BIN)/mypy shared/src services/collector/src services/picker/src services/simulator/src tools/devstack/src tools/quality/src tools/testkit/src
 
 fmt: install ## format and autofix
 	$(BIN)/ruff format .

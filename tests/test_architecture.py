@@ -26,6 +26,7 @@ PACKAGES = (
     "pointsman_sim",
     "pointsman_quality",
     "pointsman_devstack",
+    "pointsman_testkit",
 )
 IO_LIBRARIES = frozenset(
     {"grpc", "grpc_health", "redis", "httpx", "fastapi", "starlette", "uvicorn", "aiohttp", "asyncio"}

@@ -6,7 +6,6 @@ itself (exit codes, signals, the console script) stays in test_collector_cli.py.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from pointsman_collector.targets import StaticTargets
 from pointsman_shared.codec import decode_pool
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.keys import RedisKeys
+from pointsman_testkit import eventually
 
 
 def config_of(doc: dict[str, Any]) -> PointsmanConfig:
@@ -39,14 +39,6 @@ async def serving(
     host, port = service.address
     async with service, httpx.AsyncClient(base_url=f"http://{host}:{port}") as client:
         yield service, client
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.05)
 
 
 async def pool_pods(client: httpx.AsyncClient) -> list[tuple[str, bool]] | None:
@@ -74,7 +66,7 @@ async def test_serves_the_pool_and_follows_the_endpoints_file(
         async def ready() -> bool:
             return (await client.get("/readyz")).status_code == 200
 
-        await eventually(ready)
+        await eventually(ready, within=10.0, interval=0.05)
         body = (await client.get("/v1/pool")).json()
         assert body["pool"] == "cli"
         assert [(p["address"], p["healthy"], p["waiting"]) for p in body["pods"]] == [
@@ -86,7 +78,7 @@ async def test_serves_the_pool_and_follows_the_endpoints_file(
         async def both() -> bool:
             return len((await client.get("/v1/pool")).json()["pods"]) == 2
 
-        await eventually(both)
+        await eventually(both, within=10.0, interval=0.05)
         assert service.endpoints == (pod_a.address, added.address)
         # What the picker reads: the same pods in Redis.
         redis = Redis.from_url(redis_url)
@@ -124,8 +116,8 @@ async def test_the_collector_scrapes_the_pools_ready_pods(
     tmp_path: Path, redis_url: str, pod_server, fixture_page
 ) -> None:  # type: ignore[no-untyped-def]
     model_server = await pod_server(fixture_page("vllm-v0-lora"))
-    pool = recorded("inferencepool-v1alpha2")
-    pool["spec"]["targetPortNumber"] = model_server.port
+    pool = recorded("inferencepool-v1")  # the default pool.kubernetes.apiVersion
+    pool["spec"]["targetPorts"] = [{"number": model_server.port}]
     api = await FakeApi(pool).start()
     api.put_pod(pod("a", "127.0.0.1"), "ADDED")
     kubeconfig = tmp_path / "kubeconfig"
@@ -150,10 +142,10 @@ async def test_the_collector_scrapes_the_pools_ready_pods(
                 return check
 
             # The first list came before scraping started: the first publish has the pod already.
-            await eventually(until([(model_server.address, True)]))
+            await eventually(until([(model_server.address, True)]), within=10.0, interval=0.05)
             await api.watched()
             api.put_pod(pod("a", "127.0.0.1", ready=False))
-            await eventually(until([]))
+            await eventually(until([]), within=10.0, interval=0.05)
     finally:
         await api.aclose()
 
@@ -189,8 +181,8 @@ async def test_sharing_replicas_split_the_pool_and_publish_it_whole(
                     p.address for p in pods
                 )
 
-            await eventually(split)
-            await eventually(whole)
+            await eventually(split, within=10.0, interval=0.05)
+            await eventually(whole, within=10.0, interval=0.05)
         # Both left the member set on the way out.
         assert await redis.zcard(RedisKeys("shared").members) == 0
     finally:

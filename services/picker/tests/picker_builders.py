@@ -1,66 +1,18 @@
-"""Tiny builders for the picker's tests: pods, snapshots, configs and ext_proc messages."""
+"""Tiny builders for the picker's tests: configs and ext_proc messages; pods and snapshots come from
+:mod:`pointsman_testkit` (re-exported here for the picker's tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from pointsman_shared.config import PointsmanConfig, parse_config
-from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
-
-NOW = 1_700_000_000.0
-
-
-def pod(
-    waiting: int = 0,
-    kv: float = 0.0,
-    max_lora: int = 0,
-    adapters: Iterable[str] = (),
-    *,
-    address: str = "10.0.0.1:8000",
-    running: int = 0,
-    waiting_adapters: Iterable[str] = (),
-    updated_at: float = NOW,
-    healthy: bool = True,
-) -> PodSnapshot:
-    """``adapters`` are running adapters; active = running | waiting."""
-    return PodSnapshot(
-        address=address,
-        waiting=waiting,
-        running=running,
-        kv_cache_usage=kv,
-        max_lora=max_lora,
-        running_adapters=frozenset(adapters),
-        waiting_adapters=frozenset(waiting_adapters),
-        updated_at=updated_at,
-        healthy=healthy,
-    )
-
-
-def pool_pods(*pods: PodSnapshot, subnet: str = "192.168.1", port: int = 8000) -> tuple[PodSnapshot, ...]:
-    """Give pod i the address ``subnet.(i+1):port``, as upstream's end-to-end tests do."""
-    return tuple(
-        PodSnapshot(
-            address=f"{subnet}.{i + 1}:{port}",
-            waiting=p.waiting,
-            running=p.running,
-            kv_cache_usage=p.kv_cache_usage,
-            max_lora=p.max_lora,
-            running_adapters=p.running_adapters,
-            waiting_adapters=p.waiting_adapters,
-            updated_at=p.updated_at,
-            healthy=p.healthy,
-        )
-        for i, p in enumerate(pods)
-    )
-
-
-def snapshot(*pods: PodSnapshot, version: int = 1, pool: str = "test-pool") -> PoolSnapshot:
-    return PoolSnapshot(pool=pool, version=version, published_at=NOW, pods=tuple(pods))
-
+from pointsman_testkit import NOW as NOW
+from pointsman_testkit import pod as pod
+from pointsman_testkit import pool_pods as pool_pods
+from pointsman_testkit import snapshot as snapshot
 
 # The InferenceModels of upstream's end-to-end tests (spec §5 cases 6-10), plus a model without targets.
 MODELS: list[dict[str, Any]] = [

@@ -16,6 +16,7 @@ from pointsman_shared.backoff import Backoff
 from pointsman_shared.codec import encode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
+from pointsman_testkit import eventually
 
 KEYS = RedisKeys("test-pool")
 FAST = Backoff(initial=0.02, maximum=0.1)
@@ -31,14 +32,6 @@ async def publish(client: aioredis.Redis, snap: PoolSnapshot, *, announce: bool 
             pipe.publish(KEYS.channel, version)
         await pipe.execute()
     return version
-
-
-async def eventually(predicate, within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -81,7 +74,7 @@ async def test_a_publish_announcement_refreshes_without_waiting_for_the_poll(red
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
         version = await publish(client, snapshot(pod(waiting=9)))
-        await eventually(lambda: version_of(source) == version, 2)
+        await eventually(lambda: version_of(source) == version, within=2)
         assert source.current().pods[0].waiting == 9
 
 
@@ -128,7 +121,7 @@ async def test_an_outage_keeps_the_last_copy_and_recovery_catches_up(redis_url, 
         await asyncio.sleep(0.3)
         assert version_of(source) == first  # the last copy still serves
         await proxy.start()  # same port: Redis is back
-        await eventually(lambda: version_of(source) == second, 5)
+        await eventually(lambda: version_of(source) == second, within=5)
     await proxy.stop()
 
 

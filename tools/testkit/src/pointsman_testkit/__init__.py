@@ -1,0 +1,9 @@
+"""What every Pointsman test suite shares: tiny pod and snapshot builders, and waiting for a condition.
+
+Test code only: no service imports it.
+"""
+
+from pointsman_testkit.pods import NOW, pod, pool_pods, snapshot
+from pointsman_testkit.waiting import eventually
+
+__all__ = ["NOW", "eventually", "pod", "pool_pods", "snapshot"]

@@ -1,0 +1,51 @@
+"""Pod and pool snapshots in one line, as upstream's tests write ``P(0, waiting=10, kv=0.2, "foo")``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
+
+NOW = 1_700_000_000.0
+
+
+def pod(
+    waiting: int = 0,
+    kv: float = 0.0,
+    max_lora: int = 0,
+    adapters: Iterable[str] = (),
+    *,
+    address: str = "10.0.0.1:8000",
+    running: int = 0,
+    waiting_adapters: Iterable[str] = (),
+    updated_at: float = NOW,
+    healthy: bool = True,
+    reason: str = "",
+    field_times: FieldTimes = FieldTimes(),  # noqa: B008  (frozen: one shared default is safe)
+) -> PodSnapshot:
+    """``adapters`` are the running adapters; active = running | waiting."""
+    return PodSnapshot(
+        address=address,
+        waiting=waiting,
+        running=running,
+        kv_cache_usage=kv,
+        max_lora=max_lora,
+        running_adapters=frozenset(adapters),
+        waiting_adapters=frozenset(waiting_adapters),
+        updated_at=updated_at,
+        healthy=healthy,
+        reason=reason,
+        field_times=field_times,
+    )
+
+
+def pool_pods(*pods: PodSnapshot, subnet: str = "192.168.1", port: int = 8000) -> tuple[PodSnapshot, ...]:
+    """Give pod i the address ``subnet.(i+1):port``, as upstream's end-to-end tests do."""
+    return tuple(dataclasses.replace(p, address=f"{subnet}.{i + 1}:{port}") for i, p in enumerate(pods))
+
+
+def snapshot(
+    *pods: PodSnapshot, version: int = 1, pool: str = "test-pool", published_at: float = NOW
+) -> PoolSnapshot:
+    return PoolSnapshot(pool=pool, version=version, published_at=published_at, pods=tuple(pods))
