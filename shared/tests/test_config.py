@@ -118,14 +118,23 @@ def test_errors_name_the_path(doc: dict[str, Any], path: str, message: str) -> N
     assert any(p == path and message in m for p, m in problems), problems
 
 
-def test_kubernetes_discovery() -> None:
-    pool = parse_config({"pool": {"kubernetes": {"apiVersion": "inference.networking.k8s.io/v1"}}}).pool
+def test_kubernetes_discovery_reads_the_v1_pool_by_default() -> None:
+    pool = parse_config({"pool": {"kubernetes": {}}}).pool
     assert pool.kubernetes is not None
     assert pool.kubernetes.api_version == "inference.networking.k8s.io/v1"
     assert (pool.kubernetes.inference_pool, pool.kubernetes.namespace, pool.kubernetes.kubeconfig) == (
         None,
     ) * 3
     assert parse_config({}).pool.kubernetes is None
+
+
+@pytest.mark.parametrize(
+    "api_version", ["inference.networking.k8s.io/v1", "inference.networking.x-k8s.io/v1alpha2"]
+)
+def test_kubernetes_discovery_takes_either_inference_pool_version(api_version: str) -> None:
+    pool = parse_config({"pool": {"kubernetes": {"apiVersion": api_version}}}).pool
+    assert pool.kubernetes is not None
+    assert pool.kubernetes.api_version == api_version
 
 
 def test_all_problems_are_reported_at_once() -> None:

@@ -1,8 +1,9 @@
 """deploy/k8s: every overlay builds with `kubectl kustomize`, every object validates against the Kubernetes
-schemas (kubernetes-validate, offline) or our CRDs' schemas, and the pieces agree with each other: the
-Pointsman config parses and discovers the InferencePool whose selector matches the overlay's pods, the
-collector's Role and the NetworkPolicies allow what its discovery does, the InferenceModels are the
-config's models, the gateway objects point at the picker Service and the pool."""
+schemas (kubernetes-validate, offline) or the upstream GIE CRDs' schemas of each release it is meant for
+(tests/deploy/data/gie-crds), and the pieces agree with each other: the Pointsman config parses and
+discovers the InferencePool whose selector matches the overlay's pods, the collector's Role and the
+NetworkPolicies allow what its discovery does, the InferenceObjectives (v1) or InferenceModels (v1alpha2)
+are the config's models, the gateway objects point at the picker Service and the pool."""
 
 from __future__ import annotations
 
@@ -10,25 +11,45 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_kit import REPO
+from deploy_kit import (
+    GIE_RELEASES,
+    REPO,
+    custom_resource_problems,
+    gie_crd_schemas,
+    is_gie_kind,
+)
 
 from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
 from pointsman_devstack.stack import served_models
-from pointsman_shared.config import PointsmanConfig, load_config, parse_config
+from pointsman_shared.backoff import Backoff
+from pointsman_shared.config import (
+    INFERENCE_POOL_V1,
+    INFERENCE_POOL_V1ALPHA2,
+    PointsmanConfig,
+    load_config,
+    parse_config,
+)
 
 K8S = REPO / "deploy/k8s"
-OVERLAYS = ("sim", "vllm", "envoy-gateway", "standalone-envoy")
-POOL_OVERLAYS = ("sim", "vllm")
+# Pool overlays (the base, a pool, its model servers); then what is applied after one.
+POOL_OVERLAYS = ("sim", "vllm", "v1alpha2")
+GATEWAY_OVERLAYS = ("standalone-envoy", "envoy-gateway", "envoy-gateway-v1alpha2")
+OVERLAYS = (*POOL_OVERLAYS, *GATEWAY_OVERLAYS, "inference-objectives")
+# vLLM pods on a v1alpha2 pool: what docs/deploy.md tells a user to write, built in a temporary directory.
+VLLM_V1ALPHA2 = "vllm+components/v1alpha2"
+TARGETS = ("base", *[f"overlays/{o}" for o in OVERLAYS], VLLM_V1ALPHA2)
 KUBERNETES_VERSION = "1.33"
 # Kinds from other projects' CRDs: checked here by what refers to what, not by schema.
 THIRD_PARTY = {
@@ -36,12 +57,29 @@ THIRD_PARTY = {
     "gateway.networking.k8s.io/v1": {"GatewayClass", "Gateway", "HTTPRoute"},
     "gateway.envoyproxy.io/v1alpha1": {"EnvoyExtensionPolicy", "EnvoyPatchPolicy", "BackendTrafficPolicy"},
 }
+# The GIE releases whose CRDs each target is meant for: with these installed, every GIE object in it is
+# served and valid; with any other release's, one is not (test_the_gie_release_matrix checks both).
+V1_RELEASES = ("v1.0.2", "v1.3.1", "v1.5.0", "v1.6.0")
+SUPPORTED_RELEASES = {
+    "base": V1_RELEASES,
+    "overlays/sim": V1_RELEASES,
+    "overlays/vllm": V1_RELEASES,
+    # InferenceObjective: v1.0-v1.5 (v1.6 moved it out, with upstream's picker).
+    "overlays/inference-objectives": ("v1.0.2", "v1.3.1", "v1.5.0"),
+    # InferenceModel: v0.x only (v1.0-v1.3 still serve the v1alpha2 pool, not the InferenceModel).
+    "overlays/v1alpha2": ("v0.5.1",),
+    VLLM_V1ALPHA2: ("v0.5.1",),
+}
 Objects = list[dict[str, Any]]
 
 
 @functools.cache
 def _build(target: str) -> tuple[dict[str, Any], ...]:
     kubectl = Path(sys.executable).parent / "kubectl"
+    if target == VLLM_V1ALPHA2:
+        return _build_kustomization(
+            {"resources": ["overlays/vllm"], "components": ["components/v1alpha2"]}, kubectl
+        )
     result = subprocess.run(
         [str(kubectl), "kustomize", str(K8S / target)],
         capture_output=True,
@@ -49,6 +87,26 @@ def _build(target: str) -> tuple[dict[str, Any], ...]:
         timeout=120,
         check=False,
     )
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def _build_kustomization(spec: dict[str, list[str]], kubectl: Path) -> tuple[dict[str, Any], ...]:
+    """A kustomization of deploy/k8s paths in the pointsman namespace, as a user's own directory outside
+    the repository would be (docs/deploy.md)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        here = Path(tmp)
+        relative = {key: [os.path.relpath(K8S / path, here) for path in paths] for key, paths in spec.items()}
+        doc = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "namespace": "pointsman",
+            **relative,
+        }
+        (here / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+        result = subprocess.run(
+            [str(kubectl), "kustomize", tmp], capture_output=True, text=True, timeout=120, check=False
+        )
     assert result.returncode == 0, result.stderr
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
@@ -66,39 +124,101 @@ def _one(objects: Objects, kind: str, name: str) -> dict[str, Any]:
     return found
 
 
-def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    schemas = {}
-    for crd in _find(_objects("base"), "CustomResourceDefinition"):
-        for version in crd["spec"]["versions"]:
-            api_version = f"{crd['spec']['group']}/{version['name']}"
-            schemas[(api_version, crd["spec"]["names"]["kind"])] = version["schema"]["openAPIV3Schema"]
-    return schemas
-
-
-def _pointsman_config(objects: Objects) -> PointsmanConfig:
+def _config_doc(objects: Objects) -> dict[str, Any]:
     (config_map,) = [
         o for o in _find(objects, "ConfigMap") if o["metadata"]["name"].startswith("pointsman-config")
     ]
-    return parse_config(yaml.safe_load(config_map["data"]["pointsman.yaml"]), source="pointsman-config")
+    doc: dict[str, Any] = yaml.safe_load(config_map["data"]["pointsman.yaml"])
+    return doc
 
 
-@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in OVERLAYS]])
-def test_builds_and_every_object_validates(target: str) -> None:
-    crds = _crd_schemas()
-    unchecked = []
-    for obj in _objects(target):
-        key = (obj["apiVersion"], obj["kind"])
+def _pointsman_config(objects: Objects) -> PointsmanConfig:
+    return parse_config(_config_doc(objects), source="pointsman-config")
+
+
+def _pool_selector(pool: dict[str, Any]) -> dict[str, str]:
+    """The pool's labels, as its API version writes them."""
+    if pool["apiVersion"] == INFERENCE_POOL_V1:
+        labels: dict[str, str] = pool["spec"]["selector"]["matchLabels"]
+        return labels
+    assert pool["apiVersion"] == INFERENCE_POOL_V1ALPHA2
+    return dict(pool["spec"]["selector"])
+
+
+def _pool_ports(pool: dict[str, Any]) -> list[int]:
+    if pool["apiVersion"] == INFERENCE_POOL_V1:
+        return [p["number"] for p in pool["spec"]["targetPorts"]]
+    return [pool["spec"]["targetPortNumber"]]
+
+
+def _picker_ref(pool: dict[str, Any]) -> tuple[str, int, str]:
+    """(Service name, port, failure mode) of the pool's picker: endpointPickerRef (v1), extensionRef."""
+    if pool["apiVersion"] == INFERENCE_POOL_V1:
+        ref = pool["spec"]["endpointPickerRef"]
+        return ref["name"], ref["port"]["number"], ref["failureMode"]
+    ref = pool["spec"]["extensionRef"]
+    return ref["name"], ref["portNumber"], ref["failureMode"]
+
+
+def _gie_problems(objects: Objects, release: str) -> list[str]:
+    """Why some GIE object of ``objects`` would not apply with the release's CRDs installed."""
+    schemas = gie_crd_schemas(release)
+    problems = []
+    for obj in filter(is_gie_kind, objects):
         where = f"{obj['kind']}/{obj['metadata']['name']}"
-        if key in crds:
-            jsonschema.validate(obj, crds[key])
-        elif obj["kind"] in THIRD_PARTY.get(obj["apiVersion"], ()):
-            unchecked.append(where)
+        schema = schemas.get((obj["apiVersion"], obj["kind"]))
+        if schema is None:
+            problems.append(f"{where}: no matches for kind {obj['kind']!r} in version {obj['apiVersion']!r}")
         else:
-            try:
-                kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                pytest.fail(f"{target}: {where}: {exc.message} at {list(exc.path)}")
-    assert all(u.split("/")[0] in set().union(*THIRD_PARTY.values()) for u in unchecked)
+            problems += [f"{where}: {problem}" for problem in custom_resource_problems(obj, schema)]
+    return problems
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_builds_and_every_object_validates(target: str) -> None:
+    objects = _objects(target)
+    for obj in objects:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        if is_gie_kind(obj):
+            continue  # against each GIE release's CRDs, below
+        if obj["kind"] in THIRD_PARTY.get(obj["apiVersion"], ()):
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{target}: {where}: {exc.message} at {list(exc.path)}")
+    for release in SUPPORTED_RELEASES.get(target, ()):
+        assert _gie_problems(objects, release) == [], release
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if t not in SUPPORTED_RELEASES])
+def test_the_targets_without_a_gie_release_have_no_gie_objects(target: str) -> None:
+    # The gateway overlays: they refer to the pool, whose kind is checked with the pool overlay.
+    assert not [o for o in _objects(target) if is_gie_kind(o)]
+
+
+def test_the_gie_release_matrix() -> None:
+    """Each target applies with exactly the GIE releases it is meant for (SUPPORTED_RELEASES, the table
+    in docs/deploy.md): with any other release's CRDs, some kind is not served or some object is refused."""
+    matrix = {
+        target: tuple(r for r in GIE_RELEASES if not _gie_problems(_objects(target), r))
+        for target in SUPPORTED_RELEASES
+    }
+    assert matrix == SUPPORTED_RELEASES
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_target_ships_a_custom_resource_definition(target: str) -> None:
+    # Upstream owns the InferencePool, InferenceObjective and InferenceModel CRDs: shipping a copy would
+    # overwrite the cluster's (docs/deploy.md names the release to install).
+    assert not _find(_objects(target), "CustomResourceDefinition")
+
+
+def test_no_file_under_deploy_k8s_is_a_custom_resource_definition() -> None:
+    shipped = [
+        p for p in K8S.rglob("*.yaml") if re.search(r"^kind:\s*CustomResourceDefinition", p.read_text(), re.M)
+    ]
+    assert shipped == []
 
 
 def test_the_validator_rejects_a_misspelt_field() -> None:
@@ -108,20 +228,107 @@ def test_the_validator_rejects_a_misspelt_field() -> None:
         kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_crd_schema_rejects_a_bad_criticality() -> None:
-    model = _one(_objects("base"), "InferenceModel", "sql-lora")
-    bad = {**model, "spec": {**model["spec"], "criticality": "Important"}}
-    schema = _crd_schemas()[("inference.networking.x-k8s.io/v1alpha2", "InferenceModel")]
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, schema)
+def _with(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """``obj`` with these ``spec`` fields replaced (``None``: removed)."""
+    new = {**obj["spec"], **spec}
+    return {**obj, "spec": {k: v for k, v in new.items() if v is not None}}
 
 
-@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in POOL_OVERLAYS]])
-def test_the_pointsman_config_parses_and_matches_the_inference_models(target: str) -> None:
+def _bad_objects() -> list[tuple[str, dict[str, Any], str, str]]:
+    pool = _one(_objects("base"), "InferencePool", "pointsman-pool")
+    ref = pool["spec"]["endpointPickerRef"]
+    objective = _one(_objects("overlays/inference-objectives"), "InferenceObjective", "sql-lora")
+    model = _one(_objects("overlays/v1alpha2"), "InferenceModel", "tweet-summary")
+    weights = model["spec"]["targetModels"]
+    return [
+        # (why, object, a release whose CRDs refuse it, what the refusal says)
+        ("v1alpha2 port in v1", _with(pool, targetPortNumber=8000), "v1.5.0", "unknown field"),
+        (
+            "two ports in v1.0",
+            _with(pool, targetPorts=[{"number": 8000}, {"number": 8001}]),
+            "v1.0.2",
+            "long",
+        ),
+        ("a port twice", _with(pool, targetPorts=[{"number": 8000}] * 2), "v1.3.1", "unique"),
+        (
+            "no picker port",
+            _with(pool, endpointPickerRef={"name": ref["name"]}),
+            "v1.6.0",
+            "port is required",
+        ),
+        ("bad failure mode", _with(pool, endpointPickerRef={**ref, "failureMode": "Open"}), "v1.0.2", "Open"),
+        ("no selector", _with(pool, selector=None), "v1.0.2", "'selector' is a required property"),
+        ("priority as a word", _with(objective, priority="high"), "v1.3.1", "'high' is not of type"),
+        ("no pool", _with(objective, poolRef=None), "v1.5.0", "'poolRef' is a required property"),
+        ("bad criticality", _with(model, criticality="Important"), "v0.5.1", "Important"),
+        ("some weights", _with(model, targetModels=[weights[0], {"name": "x"}]), "v0.5.1", "Weights"),
+    ]
+
+
+def test_the_crd_schemas_refuse_what_the_api_server_would() -> None:
+    accepted = []
+    for why, obj, release, message in _bad_objects():
+        problems = _gie_problems([obj], release)
+        if not any(message in p for p in problems):
+            accepted.append((why, release, problems))
+    assert accepted == []
+
+
+@pytest.mark.parametrize(
+    ("name", "releases"),
+    [
+        ("inferencepool-v1", ("v1.3.1", "v1.5.0", "v1.6.0")),
+        ("inferencepool-v1alpha2", ("v0.5.1", "v1.0.2", "v1.3.1")),
+    ],
+)
+def test_the_collector_tests_record_pools_as_the_api_server_returns_them(
+    name: str, releases: tuple[str, ...]
+) -> None:
+    # The recorded GET responses the collector's discovery tests run on are valid objects of these
+    # releases (a v1 pool with two target ports: v1.1 and later; v1.0 allows one).
+    recorded = json.loads((REPO / f"services/collector/tests/data/kubernetes/{name}.json").read_text())
+    valid = tuple(r for r in GIE_RELEASES if not _gie_problems([recorded], r))
+    assert valid == releases
+
+
+POOL_TARGETS = ("base", *[f"overlays/{o}" for o in POOL_OVERLAYS], VLLM_V1ALPHA2)
+V1_POOL_TARGETS = ("base", "overlays/sim", "overlays/vllm")
+V1ALPHA2_POOL_TARGETS = ("overlays/v1alpha2", VLLM_V1ALPHA2)
+
+
+@pytest.mark.parametrize("target", POOL_TARGETS)
+def test_the_pool_serves_the_config_s_port_and_names_the_picker(target: str) -> None:
     objects = _objects(target)
     config = _pointsman_config(objects)
     pool = _one(objects, "InferencePool", config.pool.name)
-    assert pool["spec"]["targetPortNumber"] == config.pool.target_port
+    assert config.pool.target_port in _pool_ports(pool)
+    name, port, failure_mode = _picker_ref(pool)
+    service = _one(objects, "Service", name)
+    assert port in [p["port"] for p in service["spec"]["ports"]]
+    assert failure_mode == config.pool.failure_mode.value
+
+
+def _object_name(model_name: str) -> str:
+    """The Kubernetes name the manifests give a model's object: its last path part, lower case, each run
+    of other characters than letters and digits a dash (meta-llama/Llama-3.1-8B-Instruct:
+    llama-3-1-8b-instruct)."""
+    return re.sub(r"[^a-z0-9]+", "-", model_name.rsplit("/", 1)[-1].lower()).strip("-")
+
+
+def test_the_inference_objectives_are_the_config_s_models() -> None:
+    config = _pointsman_config(_objects("base"))
+    objectives = _objects("overlays/inference-objectives")
+    declared = {o["metadata"]["name"]: o["spec"].get("priority", 0) >= 0 for o in objectives}
+    assert declared == {_object_name(m.model_name): m.critical for m in config.models}
+    pools = {(o["spec"]["poolRef"].get("group"), o["spec"]["poolRef"]["name"]) for o in objectives}
+    assert pools == {("inference.networking.k8s.io", config.pool.name)}
+    assert {o["kind"] for o in objectives} == {"InferenceObjective"}
+
+
+@pytest.mark.parametrize("target", V1ALPHA2_POOL_TARGETS)
+def test_the_v1alpha2_inference_models_are_the_config_s_models(target: str) -> None:
+    objects = _objects(target)
+    config = _pointsman_config(objects)
     declared = {
         m["spec"]["modelName"]: (m["spec"].get("criticality"), m["spec"].get("targetModels", []))
         for m in _find(objects, "InferenceModel")
@@ -135,9 +342,27 @@ def test_the_pointsman_config_parses_and_matches_the_inference_models(target: st
     }
     assert declared == configured
     assert {m["spec"]["poolRef"]["name"] for m in _find(objects, "InferenceModel")} == {config.pool.name}
+    assert {m["metadata"]["name"] for m in _find(objects, "InferenceModel")} == {
+        _object_name(m.model_name) for m in config.models
+    }
 
 
-@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in POOL_OVERLAYS]])
+@pytest.mark.parametrize("target", V1_POOL_TARGETS)
+def test_the_v1_path_has_no_inference_models(target: str) -> None:
+    # GIE v1.0+ has no InferenceModel kind: one would fail the whole apply ("no matches for kind").
+    assert not _find(_objects(target), "InferenceModel")
+
+
+def test_the_v1alpha2_config_is_the_base_s_but_for_the_api_version() -> None:
+    base = _config_doc(_objects("base"))
+    v1alpha2 = _config_doc(_objects("overlays/v1alpha2"))
+    assert base["pool"]["kubernetes"]["apiVersion"] == INFERENCE_POOL_V1
+    assert v1alpha2["pool"]["kubernetes"]["apiVersion"] == INFERENCE_POOL_V1ALPHA2
+    base["pool"]["kubernetes"]["apiVersion"] = INFERENCE_POOL_V1ALPHA2
+    assert v1alpha2 == base
+
+
+@pytest.mark.parametrize("target", POOL_TARGETS)
 def test_the_collectors_discover_the_inference_pool_and_share_it(target: str) -> None:
     objects = _objects(target)
     config = _pointsman_config(objects)
@@ -145,7 +370,8 @@ def test_the_collectors_discover_the_inference_pool_and_share_it(target: str) ->
     assert discovery is not None
     # No address in the config: the pods come and go with the cluster.
     assert (config.pool.endpoints, config.pool.endpoints_file) == ((), None)
-    pool = _one(objects, "InferencePool", discovery.inference_pool or config.pool.name)
+    (pool,) = _find(objects, "InferencePool")
+    assert pool["metadata"]["name"] == (discovery.inference_pool or config.pool.name)
     assert pool["apiVersion"] == discovery.api_version
     # The service account's namespace, where the Role lets it look and where the pool is.
     assert discovery.namespace in (None, pool["metadata"]["namespace"])
@@ -153,26 +379,43 @@ def test_the_collectors_discover_the_inference_pool_and_share_it(target: str) ->
     assert _one(objects, "Deployment", "pointsman-collector")["spec"]["replicas"] >= 2
 
 
-@pytest.mark.parametrize("overlay", POOL_OVERLAYS)
-def test_the_pool_selects_the_overlay_s_model_servers_on_their_port(overlay: str) -> None:
-    objects = _objects(f"overlays/{overlay}")
+@pytest.mark.parametrize("target", [t for t in POOL_TARGETS if t != "base"])
+def test_the_pool_selects_the_overlay_s_model_servers_on_their_port(target: str) -> None:
+    objects = _objects(target)
     pool = _one(objects, "InferencePool", _pointsman_config(objects).pool.name)
     # A Deployment: the pool follows its pods wherever they are, no per-pod Service or fixed address.
     template = _one(objects, "Deployment", "model-server")["spec"]["template"]
-    assert pool["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    assert _pool_selector(pool).items() <= template["metadata"]["labels"].items()
     ports = [p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])]
-    assert pool["spec"]["targetPortNumber"] in ports
+    assert set(_pool_ports(pool)) <= set(ports)
     assert not [s for s in _find(objects, "Service") if s["metadata"]["name"].startswith("model-server")]
+
+
+Permission = tuple[str, str, str, str]  # namespace, API group, resource, verb
+
+
+def _role_permissions(role: dict[str, Any]) -> set[Permission]:
+    return {
+        (role["metadata"]["namespace"], group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 class RecordingApi:
     """Just enough of the Kubernetes API for the collector's discovery to run against: the rendered
-    InferencePool, no pods, watches that end at once. Records each request as the RBAC permission it
-    needs: (namespace, API group, resource, verb)."""
+    InferencePool at its own group and version (any other is a 404, as on a cluster whose CRDs do not
+    serve it), no pods, watches that end at once. Each request is checked against the Role as the API
+    server's RBAC would (403 when no rule grants its namespace, group, resource and verb) and recorded as
+    the permission it needs."""
 
-    def __init__(self, pool: dict[str, Any], *, enough: int) -> None:
+    def __init__(self, pool: dict[str, Any], allowed: set[Permission], *, enough: int) -> None:
         self._pool = {**pool, "metadata": {**pool["metadata"], "resourceVersion": "1"}}
-        self.requests: list[tuple[str, str, str, str]] = []
+        self._allowed = allowed
+        self.requests: list[Permission] = []
+        self.forbidden: list[Permission] = []
         self._enough = enough
         self.seen_enough = asyncio.Event()  # set once ``enough`` requests have come
         self._answering: set[asyncio.Task[Any]] = set()
@@ -205,13 +448,21 @@ class RecordingApi:
         watch = parse_qs(url.query).get("watch") == ["1"]
         # /api/v1/namespaces/NS/RESOURCE[/NAME] or /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME]
         parts = url.path.strip("/").split("/")
-        group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+        group_version, rest = ("v1", parts[2:]) if parts[0] == "api" else ("/".join(parts[1:3]), parts[3:])
+        group = "" if parts[0] == "api" else parts[1]
         _namespaces, namespace, resource, *name = rest
         verb = "get" if name else "watch" if watch else "list"
-        self.requests.append((namespace, group, resource, verb))
+        permission = (namespace, group, resource, verb)
+        self.requests.append(permission)
         if len(self.requests) >= self._enough:
             self.seen_enough.set()
-        if watch:
+        status = b"200 OK"
+        if permission not in self._allowed:
+            self.forbidden.append(permission)
+            status, body = b"403 Forbidden", json.dumps({"kind": "Status", "code": 403}).encode()
+        elif resource == "inferencepools" and group_version != self._pool["apiVersion"]:
+            status, body = b"404 Not Found", json.dumps({"kind": "Status", "code": 404}).encode()
+        elif watch:
             await asyncio.sleep(0.05)  # an empty watch the server ended: the client watches again
             body = b""
         elif resource == "inferencepools":
@@ -220,19 +471,44 @@ class RecordingApi:
             body = json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode()
         with contextlib.suppress(ConnectionError):  # the client may have gone meanwhile
             writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (status, len(body), body)
             )
             await writer.drain()
         writer.close()
 
 
-@pytest.mark.parametrize("overlay", POOL_OVERLAYS)
-async def test_the_collector_s_role_allows_every_call_its_discovery_makes(overlay: str) -> None:
-    objects = _objects(f"overlays/{overlay}")
+async def _discover(
+    objects: Objects, role: dict[str, Any], api_version: str, *, enough: int
+) -> tuple[RecordingApi, KubernetesTargets]:
+    """Run the collector's discovery of the overlay's pool with ``api_version``, as ``role`` allows."""
     config = _pointsman_config(objects)
     discovery = config.pool.kubernetes
     assert discovery is not None
+    pool_name = discovery.inference_pool or config.pool.name
+    namespace = role["metadata"]["namespace"]
+    async with RecordingApi(
+        _one(objects, "InferencePool", pool_name), _role_permissions(role), enough=enough
+    ) as api:
+        access = KubeAccess(server=api.url, namespace=discovery.namespace or namespace)
+        targets = KubernetesTargets(
+            access,
+            pool=pool_name,
+            api_version=api_version,
+            on_change=lambda _pods: None,
+            backoff=Backoff(initial=0.01, maximum=0.05),
+        )
+        follow = asyncio.create_task(targets.run())
+        try:
+            async with asyncio.timeout(30):
+                await api.seen_enough.wait()
+        finally:
+            follow.cancel()
+            await asyncio.gather(follow, return_exceptions=True)
+    return api, targets
+
+
+def _collector_role(objects: Objects) -> dict[str, Any]:
     collector = _one(objects, "Deployment", "pointsman-collector")
     namespace = collector["metadata"]["namespace"]
     pod = collector["spec"]["template"]["spec"]
@@ -242,31 +518,36 @@ async def test_the_collector_s_role_allows_every_call_its_discovery_makes(overla
     assert account in binding["subjects"]
     role = _one(objects, "Role", binding["roleRef"]["name"])
     assert role["metadata"]["namespace"] == namespace
-    pool_name = discovery.inference_pool or config.pool.name
+    return role
+
+
+@pytest.mark.parametrize("target", POOL_TARGETS)
+async def test_the_collector_s_role_allows_every_call_its_discovery_makes(target: str) -> None:
+    # v1 discovery with the base's Role (sim, vllm); v1alpha2 discovery with the v1alpha2 component's.
+    objects = _objects(target)
+    discovery = _pointsman_config(objects).pool.kubernetes
+    assert discovery is not None
     # The first list, then both watches, each renewed: by then every kind of call has been made.
-    async with RecordingApi(_one(objects, "InferencePool", pool_name), enough=12) as api:
-        access = KubeAccess(server=api.url, namespace=discovery.namespace or namespace)
-        targets = KubernetesTargets(
-            access, pool=pool_name, api_version=discovery.api_version, on_change=lambda _pods: None
-        )
-        follow = asyncio.create_task(targets.run())
-        try:
-            async with asyncio.timeout(30):
-                await api.seen_enough.wait()
-        finally:
-            follow.cancel()
-            await asyncio.gather(follow, return_exceptions=True)
+    api, targets = await _discover(objects, _collector_role(objects), discovery.api_version, enough=12)
+    assert api.forbidden == []
     assert targets.synced.is_set()
-    allowed = {
-        (namespace, group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    needed = set(api.requests)
-    assert {r for _, _, r, _ in needed} == {"pods", "inferencepools"}
-    assert needed <= allowed, needed - allowed
+    group = discovery.api_version.split("/")[0]
+    assert {(g, r) for _, g, r, _ in api.requests} == {("", "pods"), (group, "inferencepools")}
+    assert {v for *_, v in api.requests} == {"get", "list", "watch"}
+
+
+@pytest.mark.parametrize(
+    ("target", "api_version"),
+    [("overlays/sim", INFERENCE_POOL_V1ALPHA2), ("overlays/v1alpha2", INFERENCE_POOL_V1)],
+)
+async def test_discovery_of_the_other_version_is_forbidden_by_the_role(target: str, api_version: str) -> None:
+    # The check above can fail: a Role without the configured version's group gets 403 and no pods.
+    objects = _objects(target)
+    api, targets = await _discover(objects, _collector_role(objects), api_version, enough=3)
+    assert api.forbidden
+    assert {r for _, _, r, _ in api.forbidden} == {"inferencepools"}
+    assert not targets.synced.is_set()
+    assert targets.endpoints == ()
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -337,18 +618,28 @@ def test_the_network_policy_reading(
     assert _policies_allow(policies, direction, _POD, peer, port) is allowed
 
 
-@pytest.mark.parametrize("overlay", POOL_OVERLAYS)
-def test_network_policies_let_the_collectors_reach_the_api_the_pods_and_redis(overlay: str) -> None:
+# Each pool target with the gateway overlays that go with it.
+_GATEWAYS = {
+    "overlays/sim": ("standalone-envoy", "envoy-gateway"),
+    "overlays/vllm": ("standalone-envoy", "envoy-gateway"),
+    "overlays/v1alpha2": ("standalone-envoy", "envoy-gateway-v1alpha2"),
+    VLLM_V1ALPHA2: ("standalone-envoy", "envoy-gateway-v1alpha2"),
+}
+
+
+@pytest.mark.parametrize("target", list(_GATEWAYS))
+def test_network_policies_let_the_collectors_reach_the_api_the_pods_and_redis(target: str) -> None:
     # Everything one namespace gets: a pool overlay and the gateway overlays.
-    objects = [*_objects(f"overlays/{overlay}"), *_objects("overlays/standalone-envoy")]
-    objects += _objects("overlays/envoy-gateway")
+    objects = _objects(target)
+    for gateway in _GATEWAYS[target]:
+        objects += _objects(f"overlays/{gateway}")
     pool = _one(objects, "InferencePool", _pointsman_config(objects).pool.name)
     collector = _one(objects, "Deployment", "pointsman-collector")["spec"]["template"]["metadata"]["labels"]
     model_server = _one(objects, "Deployment", "model-server")["spec"]["template"]["metadata"]["labels"]
     redis = _one(objects, "StatefulSet", "pointsman-redis")["spec"]["template"]["metadata"]["labels"]
-    port = pool["spec"]["targetPortNumber"]
-    assert _policies_allow(objects, "egress", collector, model_server, port)
-    assert _policies_allow(objects, "ingress", model_server, collector, port)
+    for port in _pool_ports(pool):
+        assert _policies_allow(objects, "egress", collector, model_server, port)
+        assert _policies_allow(objects, "ingress", model_server, collector, port)
     for api_port in (443, 6443):  # the kubernetes Service's port, and the API server's behind it
         assert _policies_allow(objects, "egress", collector, None, api_port)
     assert _policies_allow(objects, "egress", collector, redis, 6379)
@@ -392,10 +683,7 @@ def test_picker_is_reached_only_through_its_tls_sidecar() -> None:
     ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
     assert ports[extproc["targetPort"]] == tls_port
     pool = _one(objects, "InferencePool", config.pool.name)
-    assert (pool["spec"]["extensionRef"]["name"], pool["spec"]["extensionRef"]["portNumber"]) == (
-        "pointsman-picker",
-        extproc["port"],
-    )
+    assert _picker_ref(pool)[:2] == ("pointsman-picker", extproc["port"])
     policy = _one(objects, "NetworkPolicy", "pointsman-picker")
     gateway_ports = [p["port"] for rule in policy["spec"]["ingress"] if "from" in rule for p in rule["ports"]]
     assert gateway_ports == [tls_port]
@@ -414,10 +702,18 @@ def test_picker_has_grpc_probes_an_hpa_and_a_pdb() -> None:
     assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
     collector = _one(objects, "Deployment", "pointsman-collector")
     assert collector["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("target", POOL_TARGETS)
+def test_the_collector_s_role_reads_pods_and_the_pools_of_the_configured_group(target: str) -> None:
+    # No more than discovery needs: the v1 group in the base, the x-k8s group with components/v1alpha2.
+    objects = _objects(target)
+    discovery = _pointsman_config(objects).pool.kubernetes
+    assert discovery is not None
     rules = _one(objects, "Role", "pointsman-collector")["rules"]
     assert {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]} == {
         ("", "pods"),
-        ("inference.networking.x-k8s.io", "inferencepools"),
+        (discovery.api_version.split("/")[0], "inferencepools"),
     }
     assert all(rule["verbs"] == ["get", "list", "watch"] for rule in rules)
 
@@ -432,7 +728,8 @@ def test_only_the_collector_and_pickers_reach_redis() -> None:
 
 
 def test_every_container_runs_non_root_with_a_read_only_root() -> None:
-    for target in ("overlays/sim", "overlays/standalone-envoy"):
+    # Not the vLLM pods: the vllm overlay leaves their root filesystem writable.
+    for target in [t for t in TARGETS if "vllm" not in t]:
         for workload in _objects(target):
             if workload["kind"] not in ("Deployment", "StatefulSet"):
                 continue
@@ -442,15 +739,21 @@ def test_every_container_runs_non_root_with_a_read_only_root() -> None:
                 assert container["securityContext"]["readOnlyRootFilesystem"] is True, container["name"]
 
 
-def test_envoy_gateway_objects_point_at_the_pool_and_the_picker() -> None:
-    objects = _objects("overlays/envoy-gateway")
-    base = _objects("base")
+@pytest.mark.parametrize(
+    ("overlay", "pool_target"),
+    [("envoy-gateway", "overlays/sim"), ("envoy-gateway-v1alpha2", "overlays/v1alpha2")],
+)
+def test_envoy_gateway_objects_point_at_the_pool_and_the_picker(overlay: str, pool_target: str) -> None:
+    objects = _objects(f"overlays/{overlay}")
+    base = _objects(pool_target)
     gateway = _one(objects, "Gateway", "inference-gateway")
     (listener,) = gateway["spec"]["listeners"]
     route = _one(objects, "HTTPRoute", "llm-route")
     ((backend,),) = [rule["backendRefs"] for rule in route["spec"]["rules"]]
-    assert (backend["group"], backend["kind"]) == ("inference.networking.x-k8s.io", "InferencePool")
-    _one(base, "InferencePool", backend["name"])
+    pool = _one(base, "InferencePool", backend["name"])
+    # The pool's group, as the gateway looks it up; no port, as upstream (the pool has its targetPorts).
+    assert (backend["group"], backend["kind"]) == (pool["apiVersion"].split("/")[0], "InferencePool")
+    assert "port" not in backend
     extension = _one(objects, "EnvoyExtensionPolicy", "pointsman-ext-proc")
     ((picker,),) = [p["backendRefs"] for p in extension["spec"]["extProc"]]
     picker_service = _one(base, "Service", picker["name"])
@@ -476,8 +779,8 @@ def test_the_grafana_dashboards_ship_as_a_config_map() -> None:
     assert shipped == {p.name for p in (REPO / "deploy/grafana/dashboards").glob("*.json")}
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_pod_meets_the_restricted_pod_security_standard(overlay: str) -> None:
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_pod_meets_the_restricted_pod_security_standard(target: str) -> None:
     # The namespace enforces `restricted`: a pod that misses one of these is refused at admission.
     assert (
         _one(_objects("base"), "Namespace", "pointsman")["metadata"]["labels"][
@@ -485,7 +788,7 @@ def test_every_pod_meets_the_restricted_pod_security_standard(overlay: str) -> N
         ]
         == "restricted"
     )
-    for workload in _objects(f"overlays/{overlay}"):
+    for workload in _objects(target):
         if workload["kind"] not in ("Deployment", "StatefulSet"):
             continue
         pod = workload["spec"]["template"]["spec"]
@@ -518,7 +821,7 @@ def test_probes_and_ports_are_where_the_config_listens() -> None:
 
 def test_the_cluster_serves_the_models_of_the_local_config() -> None:
     local = load_config(REPO / "config/local.yaml", environ={})
-    for target in ("base", *[f"overlays/{o}" for o in POOL_OVERLAYS]):
+    for target in POOL_TARGETS:
         assert _pointsman_config(_objects(target)).models == local.models, target
 
 
@@ -531,7 +834,7 @@ CLUSTER_SCOPED = {
 }
 
 
-@pytest.mark.parametrize("target", ["base", *[f"overlays/{o}" for o in OVERLAYS]])
+@pytest.mark.parametrize("target", TARGETS)
 def test_namespaced_objects_are_in_pointsman_and_cluster_scoped_ones_in_none(target: str) -> None:
     for obj in _objects(target):
         namespace = obj["metadata"].get("namespace")

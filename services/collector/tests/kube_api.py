@@ -2,6 +2,8 @@
 
 The server holds an InferencePool and pods shaped like the API server's (see ``data/kubernetes``), lists
 them filtered by label selector, and streams watch events as chunked JSON lines, as the API server does.
+It serves the pool only under its own group and version (``/apis/GROUP/VERSION/namespaces/NS/
+inferencepools[/NAME]``), as a cluster with only that CRD version would: any other path is a 404.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import contextlib
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -40,15 +43,33 @@ def pod(
     return obj
 
 
+def not_found(message: str = "the server could not find the requested resource") -> dict[str, Any]:
+    """The Status object the API server answers a 404 with."""
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "NotFound",
+        "details": {},
+        "code": 404,
+    }
+
+
 class FakeApi:
-    def __init__(self, pool: dict[str, Any]) -> None:
+    def __init__(self, pool: dict[str, Any], namespace: str = "default") -> None:
         self.pool: dict[str, Any] | None = pool
+        self.pools_path = f"/apis/{pool['apiVersion']}/namespaces/{namespace}/inferencepools"
+        self.pods_path = f"/api/v1/namespaces/{namespace}/pods"
+        self._pool_name = pool["metadata"]["name"]
         self.pods: dict[str, dict[str, Any]] = {}
         self.version = 100
         self.requests: list[tuple[str, dict[str, str], str]] = []  # path, query, authorization
         self._watchers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {"pods": set(), "pools": set()}
         self._server: asyncio.Server | None = None
         self._watching = {"pods": asyncio.Event(), "pools": asyncio.Event()}
+        self._requested = asyncio.Event()
 
     @property
     def url(self) -> str:
@@ -74,6 +95,13 @@ class FakeApi:
         async with asyncio.timeout(5):
             for event in self._watching.values():
                 await event.wait()
+
+    async def requested(self, wanted: Callable[[str, dict[str, str]], bool], count: int = 1) -> None:
+        """Wait until ``count`` requests (path, query) are ``wanted``."""
+        async with asyncio.timeout(5):
+            while sum(wanted(path, query) for path, query, _ in self.requests) < count:
+                self._requested.clear()
+                await self._requested.wait()
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -139,10 +167,14 @@ class FakeApi:
                 url = urlsplit(target)
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 self.requests.append((url.path, query, headers.get("authorization", "")))
-                if query.get("watch") == "1":
-                    await self._stream(writer, "pods" if url.path.endswith("/pods") else "pools")
+                self._requested.set()
+                watched = {self.pods_path: "pods", self.pools_path: "pools"}.get(url.path)
+                if query.get("watch") == "1" and watched is not None:
+                    await self._stream(writer, watched)
                     return
-                status, body = self._answer(url.path, query)
+                status, body = (
+                    (404, not_found()) if query.get("watch") == "1" else self._answer(url.path, query)
+                )
                 data = json.dumps(body).encode()
                 head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
                 writer.write(head.encode() + b"\r\n\r\n" + data)
@@ -151,20 +183,20 @@ class FakeApi:
             writer.close()
 
     def _answer(self, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        if path.endswith("/pods"):
+        if path == self.pods_path:
             items = self._selected(query.get("labelSelector", ""))
             return 200, {
                 "kind": "PodList",
+                "apiVersion": "v1",
                 "metadata": {"resourceVersion": str(self.version)},
                 "items": items,
             }
-        if (
-            "/inferencepools/" in path
-            and self.pool is not None
-            and path.endswith(self.pool["metadata"]["name"])
-        ):
-            return 200, self.pool
-        return 404, {"kind": "Status", "code": 404}
+        if path == f"{self.pools_path}/{self._pool_name}":
+            if self.pool is not None:
+                return 200, self.pool
+            group = self.pools_path.split("/")[2]
+            return 404, not_found(f'inferencepools.{group} "{self._pool_name}" not found')
+        return 404, not_found()
 
     async def _stream(self, writer: asyncio.StreamWriter, resource: str) -> None:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

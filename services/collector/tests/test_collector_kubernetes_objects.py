@@ -5,52 +5,89 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kube_api import pod
+from kube_api import ALPHA2, V1, pod, recorded
 
 from pointsman_collector.errors import DiscoveryError
 from pointsman_collector.kubernetes.objects import PodTable, pool_spec, ready_ip
 
 
 @pytest.mark.parametrize(
-    ("spec", "selector", "ports"),
+    ("api_version", "spec", "selector", "ports"),
     [
-        ({"selector": {"app": "x"}, "targetPortNumber": 8000}, (("app", "x"),), (8000,)),
+        (ALPHA2, {"selector": {"app": "x"}, "targetPortNumber": 8000}, (("app", "x"),), (8000,)),
         (
+            V1,
             {
                 "selector": {"matchLabels": {"b": "2", "a": "1"}},
-                "targetPorts": [{"number": 1}, {"number": 2}],
+                "targetPorts": [{"number": 1}, {"number": 2}, {"number": 1}],
             },
             (("a", "1"), ("b", "2")),
             (1, 2),
         ),
+        # A v1alpha2 selector may have a label named matchLabels: it is read as a label, not a LabelSelector.
+        (ALPHA2, {"selector": {"matchLabels": "x"}, "targetPortNumber": 1}, (("matchLabels", "x"),), (1,)),
     ],
-    ids=["v1alpha2", "v1"],
+    ids=["v1alpha2", "v1", "v1alpha2 label named matchLabels"],
 )
 def test_pool_spec(
-    spec: dict[str, Any], selector: tuple[tuple[str, str], ...], ports: tuple[int, ...]
+    api_version: str, spec: dict[str, Any], selector: tuple[tuple[str, str], ...], ports: tuple[int, ...]
 ) -> None:
-    got = pool_spec({"spec": spec})
+    got = pool_spec({"spec": spec}, api_version)
     assert (got.selector, got.ports) == (selector, ports)
 
 
 @pytest.mark.parametrize(
-    "spec",
-    [
-        {},
-        {"selector": {}, "targetPortNumber": 8000},
-        {"selector": {"app": "x"}},
-        {"selector": {"app": "x"}, "targetPortNumber": 0},
-        {"selector": {"app": "x"}, "targetPorts": []},
-        {
-            "selector": {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
-            "targetPorts": [{"number": 1}],
-        },
-    ],
-    ids=["empty", "no labels", "no port", "port 0", "no ports", "expressions"],
+    ("name", "api_version"), [("inferencepool-v1", V1), ("inferencepool-v1alpha2", ALPHA2)]
 )
-def test_unusable_pools(spec: dict[str, Any]) -> None:
+def test_pool_spec_of_recorded_pools(name: str, api_version: str) -> None:
+    got = pool_spec(recorded(name), api_version)
+    assert got.label_selector == "app=vllm-llama3-8b-instruct"
+    assert got.ports == ((8000, 8001) if api_version == V1 else (8000,))
+
+
+@pytest.mark.parametrize(
+    ("api_version", "spec"),
+    [
+        (ALPHA2, {}),
+        (ALPHA2, {"selector": {}, "targetPortNumber": 8000}),
+        (ALPHA2, {"selector": {"app": "x"}}),
+        (ALPHA2, {"selector": {"app": "x"}, "targetPortNumber": 0}),
+        (ALPHA2, {"selector": {"app": "x"}, "targetPorts": [{"number": 8000}]}),  # v1's field
+        (V1, {"selector": {"matchLabels": {"app": "x"}}, "targetPorts": []}),
+        (V1, {"selector": {"matchLabels": {"app": "x"}}, "targetPortNumber": 8000}),  # v1alpha2's field
+        (V1, {"selector": {"app": "x"}, "targetPorts": [{"number": 1}]}),  # v1alpha2's selector
+        (V1, {"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 70000}]}),
+        (
+            V1,
+            {
+                "selector": {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                "targetPorts": [{"number": 1}],
+            },
+        ),
+        ("inference.networking.k8s.io/v2", {"selector": {"matchLabels": {"a": "1"}}, "targetPorts": [1]}),
+    ],
+    ids=[
+        "empty",
+        "no labels",
+        "no port",
+        "port 0",
+        "v1 ports in v1alpha2",
+        "no ports",
+        "v1alpha2 port in v1",
+        "flat selector in v1",
+        "port too big",
+        "expressions",
+        "unknown version",
+    ],
+)
+def test_unusable_pools(api_version: str, spec: dict[str, Any]) -> None:
     with pytest.raises(DiscoveryError):
-        pool_spec({"spec": spec})
+        pool_spec({"spec": spec}, api_version)
+
+
+def test_a_pool_of_another_version_than_asked_for_is_refused() -> None:
+    with pytest.raises(DiscoveryError, match=r"expected 'inference\.networking\.x-k8s\.io/v1alpha2'"):
+        pool_spec(recorded("inferencepool-v1"), ALPHA2)
 
 
 @pytest.mark.parametrize(
@@ -69,6 +106,17 @@ def test_unusable_pools(spec: dict[str, Any]) -> None:
 )
 def test_ready_ip(obj: dict[str, Any], ip: str | None) -> None:
     assert ready_ip(obj) == ip
+
+
+def test_every_pod_is_an_endpoint_on_every_port() -> None:
+    table = PodTable()
+    table.reset([pod("a", "10.0.0.1"), pod("b", "fd00::2"), pod("c", "10.0.0.3", ready=False)])
+    assert table.endpoints((8000, 8001)) == (
+        "10.0.0.1:8000",
+        "10.0.0.1:8001",
+        "[fd00::2]:8000",
+        "[fd00::2]:8001",
+    )
 
 
 def test_pod_table_keys_by_name_and_dedups_ips() -> None:

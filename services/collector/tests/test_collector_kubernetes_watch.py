@@ -38,8 +38,9 @@ async def follow() -> AsyncIterator[Any]:
     started: list[tuple[FakeApi, asyncio.Task[None]]] = []
 
     async def start(
-        pool: dict[str, Any], pods: list[dict[str, Any]], api_version: str = ALPHA2
+        pool: dict[str, Any], pods: list[dict[str, Any]], api_version: str | None = None
     ) -> tuple[FakeApi, Seen]:
+        """Follow ``pool`` as the version it is (or as ``api_version``) in a fake API serving it."""
         api = await FakeApi(pool).start()
         for p in pods:
             api.put_pod(p, "ADDED")
@@ -48,7 +49,7 @@ async def follow() -> AsyncIterator[Any]:
         targets = KubernetesTargets(
             access,
             pool=pool["metadata"]["name"],
-            api_version=api_version,
+            api_version=api_version or pool["apiVersion"],
             on_change=seen,
             backoff=Backoff(initial=0.01, maximum=0.05),
         )
@@ -129,9 +130,72 @@ async def test_an_odd_event_restarts_from_a_fresh_list(follow) -> None:
     await seen.until(("10.0.0.1:8000", "10.0.0.2:8000"))
 
 
-async def test_v1_pools_have_several_target_ports(follow) -> None:
-    _, seen = await follow(recorded("inferencepool-v1"), [pod("a", "10.0.0.1")], api_version=V1)
-    await seen.until(("10.0.0.1:8000", "10.0.0.1:8001"))
+# --- the API versions ------------------------------------------------------------------------------
+
+V1_POOL = f"/apis/{V1}/namespaces/default/inferencepools"
+ALPHA2_POOL = f"/apis/{ALPHA2}/namespaces/default/inferencepools"
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def _calls(api: FakeApi) -> list[tuple[str, str]]:
+    """Each request as (path, "get" | "list" | "watch")."""
+    collections = (V1_POOL, ALPHA2_POOL, PODS)
+    return [
+        (path, "watch" if query.get("watch") == "1" else "list" if path in collections else "get")
+        for path, query, _ in api.requests
+    ]
+
+
+async def test_a_v1_pool_makes_each_ready_pod_an_endpoint_on_every_target_port(follow) -> None:
+    # targetPorts 8000 and 8001 (data-parallel ranks): two endpoints per Ready pod.
+    pods = [pod("a", "10.0.0.1"), pod("b", "10.0.0.2"), pod("c", "10.0.0.3", ready=False)]
+    api, seen = await follow(recorded("inferencepool-v1"), pods)
+    await seen.until(("10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.2:8001"))
+    await api.watched()
+    calls = _calls(api)
+    assert calls[:2] == [(f"{V1_POOL}/vllm-llama3-8b-instruct", "get"), (PODS, "list")]
+    assert {(V1_POOL, "watch"), (PODS, "watch")} <= set(calls)
+    (pool_watch,) = [q for p, q, _ in api.requests if p == V1_POOL]
+    assert pool_watch["fieldSelector"] == "metadata.name=vllm-llama3-8b-instruct"
+    assert pool_watch["resourceVersion"] == "51230"  # the GET's: no change between the two is missed
+    api.put_pod(pod("c", "10.0.0.3"))  # turned Ready: both its ports join
+    await seen.until(tuple(f"10.0.0.{i}:{port}" for i in (1, 2, 3) for port in (8000, 8001)))
+
+
+async def test_a_v1alpha2_pool_is_read_at_its_own_group_and_version(follow) -> None:
+    api, seen = await follow(recorded("inferencepool-v1alpha2"), [pod("a", "10.0.0.1"), pod("b", "10.0.0.2")])
+    await seen.until(("10.0.0.1:8000", "10.0.0.2:8000"))
+    await api.watched()
+    calls = _calls(api)
+    assert calls[:2] == [(f"{ALPHA2_POOL}/vllm-llama3-8b-instruct", "get"), (PODS, "list")]
+    assert {(ALPHA2_POOL, "watch"), (PODS, "watch")} <= set(calls)
+
+
+async def test_a_v1_pool_changing_its_ports_during_the_watch_moves_the_endpoints(follow) -> None:
+    api, seen = await follow(recorded("inferencepool-v1"), [pod("a", "10.0.0.1"), pod("b", "10.0.0.2")])
+    await seen.until(("10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.2:8001"))
+    await api.watched()
+    lists = _calls(api).count((PODS, "list"))
+    event = recorded("inferencepool-v1-ports-changed")  # targetPorts 8000, 8002, 8003
+    assert event["type"] == "MODIFIED"
+    api.put_pool(event["object"])
+    await seen.until(tuple(f"10.0.0.{i}:{port}" for i in (1, 2) for port in (8000, 8002, 8003)))
+    assert _calls(api).count((PODS, "list")) == lists + 1  # re-listed under the new spec
+    # The pool's watch goes on from the event's version, not from the first GET's.
+    assert api.pool is not None
+    changed = api.pool["metadata"]["resourceVersion"]
+    await api.requested(lambda path, query: path == V1_POOL and query["resourceVersion"] == changed)
+    event["object"]["spec"]["targetPorts"] = [{"number": 9000}]
+    api.put_pool(event["object"])
+    await seen.until(("10.0.0.1:9000", "10.0.0.2:9000"))
+
+
+async def test_a_pool_asked_for_at_another_version_is_not_found_and_retried(follow) -> None:
+    # A v1-only cluster (GIE v1.5+) and a collector configured for v1alpha2: 404, never synced.
+    api, seen = await follow(recorded("inferencepool-v1"), [pod("a", "10.0.0.1")], api_version=ALPHA2)
+    await api.requested(lambda _path, _query: True, count=3)
+    assert {path for path, _ in _calls(api)} == {f"{ALPHA2_POOL}/vllm-llama3-8b-instruct"}
+    assert seen.sets == []
 
 
 async def test_a_missing_pool_is_retried_until_it_appears(follow) -> None:

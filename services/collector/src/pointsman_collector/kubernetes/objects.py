@@ -1,8 +1,14 @@
 """InferencePool and Pod objects as the API server returns them, read into what discovery needs. Pure.
 
-An InferencePool gives a selector and target ports (``spec.selector`` and ``spec.targetPortNumber`` in
-``inference.networking.x-k8s.io/v1alpha2``; ``spec.selector.matchLabels`` and ``spec.targetPorts[]`` in
-``inference.networking.k8s.io/v1``). A pod counts while it is Ready, has an IP and is not being deleted.
+An InferencePool gives a selector and target ports, read as its API version writes them:
+
+- ``inference.networking.k8s.io/v1`` (GIE v1.0+): ``spec.selector.matchLabels`` and
+  ``spec.targetPorts[].number``;
+- ``inference.networking.x-k8s.io/v1alpha2`` (GIE v0.x): ``spec.selector`` (the labels) and
+  ``spec.targetPortNumber``.
+
+Every pod is an endpoint on every target port (data-parallel ranks on several ports are separate
+endpoints). A pod counts while it is Ready, has an IP and is not being deleted.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pointsman_collector.errors import DiscoveryError
-from pointsman_shared.config import join_host_port
+from pointsman_shared.config import INFERENCE_POOL_V1, INFERENCE_POOL_V1ALPHA2, join_host_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,24 +31,27 @@ class PoolSpec:
         return ",".join(f"{key}={value}" for key, value in self.selector)
 
 
-def pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
-    """The selector and ports of an InferencePool of either API version; raise :class:`DiscoveryError`."""
+def pool_spec(pool: Mapping[str, Any], api_version: str) -> PoolSpec:
+    """The selector and ports of an InferencePool of ``api_version``; raise :class:`DiscoveryError`.
+
+    An object that names another apiVersion than the one asked for is refused, not guessed at.
+    """
+    found = pool.get("apiVersion", api_version)
+    if found != api_version:
+        raise DiscoveryError("kubernetes", f"InferencePool is {found!r}, expected {api_version!r}")
     spec = pool.get("spec")
     if not isinstance(spec, dict):
         raise DiscoveryError("kubernetes", "InferencePool has no spec")
-    selector = spec.get("selector")
-    if isinstance(selector, dict) and ("matchLabels" in selector or "matchExpressions" in selector):
-        if selector.get("matchExpressions"):
-            raise DiscoveryError("kubernetes", "InferencePool selector.matchExpressions is not supported")
-        selector = selector.get("matchLabels")  # v1: a LabelSelector
+    if api_version == INFERENCE_POOL_V1:
+        selector, raw_ports = _v1(spec)
+    elif api_version == INFERENCE_POOL_V1ALPHA2:
+        selector, raw_ports = spec.get("selector"), [spec.get("targetPortNumber")]
+    else:
+        raise DiscoveryError("kubernetes", f"InferencePool apiVersion {api_version!r} is not supported")
     if not isinstance(selector, dict) or not selector:
         raise DiscoveryError("kubernetes", "InferencePool has no selector labels")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in selector.items()):
         raise DiscoveryError("kubernetes", "InferencePool selector labels must be strings")
-    if "targetPorts" in spec:
-        raw_ports = [p.get("number") if isinstance(p, dict) else None for p in spec["targetPorts"] or []]
-    else:
-        raw_ports = [spec.get("targetPortNumber")]
     ports: list[int] = []
     for port in raw_ports:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -52,6 +61,20 @@ def pool_spec(pool: Mapping[str, Any]) -> PoolSpec:
     if not ports:
         raise DiscoveryError("kubernetes", "InferencePool has no target port")
     return PoolSpec(tuple(sorted(selector.items())), tuple(ports))
+
+
+def _v1(spec: Mapping[str, Any]) -> tuple[object, list[object]]:
+    selector = spec.get("selector")
+    if not isinstance(selector, dict):
+        raise DiscoveryError("kubernetes", "InferencePool has no spec.selector")
+    if selector.get("matchExpressions"):  # not in the v1 schema; refused should a later one add it
+        raise DiscoveryError("kubernetes", "InferencePool selector.matchExpressions is not supported")
+    target_ports = spec.get("targetPorts")
+    if not isinstance(target_ports, list):
+        raise DiscoveryError("kubernetes", "InferencePool has no spec.targetPorts")
+    return selector.get("matchLabels"), [
+        p.get("number") if isinstance(p, dict) else None for p in target_ports
+    ]
 
 
 def ready_ip(pod: Mapping[str, Any]) -> str | None:

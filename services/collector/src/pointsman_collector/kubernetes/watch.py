@@ -70,6 +70,7 @@ class KubernetesTargets:
     ) -> None:
         self._access = access
         self._pool = pool
+        self._api_version = api_version  # GROUP/VERSION: the pools' path is /apis/GROUP/VERSION/...
         self._pools_path = f"/apis/{api_version}/namespaces/{access.namespace}/inferencepools"
         self._pods_path = f"/api/v1/namespaces/{access.namespace}/pods"
         self._on_change = on_change
@@ -99,7 +100,7 @@ class KubernetesTargets:
                     if message != last_error:
                         expected = isinstance(exc, DiscoveryError | httpx.HTTPError | ValueError | KeyError)
                         log.warning(
-                            "kubernetes discovery: %s; retrying (keeping %d pods)",
+                            "kubernetes discovery: %s; retrying (keeping %d endpoints)",
                             message,
                             len(self.endpoints),
                             exc_info=None if expected else exc,
@@ -112,7 +113,7 @@ class KubernetesTargets:
 
     async def _session(self, client: httpx.AsyncClient) -> None:
         pool = await self._get(client, f"{self._pools_path}/{self._pool}")
-        spec = pool_spec(pool)
+        spec = pool_spec(pool, self._api_version)
         version = pool["metadata"]["resourceVersion"]
         while True:
             pods = asyncio.create_task(self._follow_pods(client, spec))
@@ -145,7 +146,7 @@ class KubernetesTargets:
                     version = obj.get("metadata", {}).get("resourceVersion", version)
                     if kind == "DELETED":
                         raise _SpecChanged(None, version)
-                    if kind in ("ADDED", "MODIFIED") and (new := pool_spec(obj)) != spec:
+                    if kind in ("ADDED", "MODIFIED") and (new := pool_spec(obj, self._api_version)) != spec:
                         raise _SpecChanged(new, version)
             except _Relist:
                 return version
@@ -171,7 +172,7 @@ class KubernetesTargets:
     def _emit(self, spec: PoolSpec) -> None:
         endpoints = self._table.endpoints(spec.ports)
         if endpoints != self.endpoints:
-            log.info("kubernetes discovery: %d ready pods", len(endpoints))
+            log.info("kubernetes discovery: %d endpoints", len(endpoints))
             self.endpoints = endpoints
         elif self.synced.is_set():
             return
