@@ -41,7 +41,23 @@ fmt: install ## format and autofix
 test-unit: install ## unit tests of every package
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test-integration: install ## integration tests through real Redis, simulator pods, collector, picker and Envoy
+.PHONY: prometheus
+PROMETHEUS_DEB := 2.42.0+ds-5+deb12u1
+prometheus: ## Debian's prometheus (PROMETHEUS_DEB) for the dashboard checks, installed when missing (root, apt)
+	@# The package's postinst would start a daemon on :9090, the picker's metrics port in config/local.yaml:
+	@# a policy-rc.d answering 101 holds it for the install, and a daemon started anyway is stopped and
+	@# disabled. No recommends: prometheus-node-exporter would take :9100, the collector's port.
+	command -v prometheus >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { \
+		policy=/usr/sbin/policy-rc.d; made=; \
+		[ -e $$policy ] || { printf '#!/bin/sh\nexit 101\n' >$$policy && chmod +x $$policy && made=1; }; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			prometheus=$(PROMETHEUS_DEB); status=$$?; \
+		[ -z "$$made" ] || rm -f $$policy; \
+		if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service || true; \
+		elif [ -x /etc/init.d/prometheus ]; then /etc/init.d/prometheus stop >/dev/null 2>&1 || true; fi; \
+		exit $$status; }
+
+test-integration: install prometheus ## integration tests through real Redis, simulator pods, collector, picker and Envoy
 	$(BIN)/pytest -q tests/integration
 
 test: lint test-unit test-integration ## lint + unit + integration tests

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,10 @@ import pytest
 from deploy_kit import DASHBOARDS, PROMETHEUS_SERIES, REPO, dashboard_panels, load_yaml, promql_metric_names
 
 DASHBOARD_FILES = sorted(DASHBOARDS.glob("*.json"))
+# Upstream's dashboard as GIE v1.5.0 ships it (its README says where from); the integration tests run its
+# panels against the stack (tests/integration/test_dashboards.py).
+UPSTREAM_DASHBOARD = REPO / "tests/deploy/data/upstream-dashboards/inference_gateway.json"
+UPSTREAM_DASHBOARD_SHA256 = "6b2049f818394279ef8eac6142ed08d8992244fc7f70cba5142332a435ffa8bd"
 _LABEL_VALUES = re.compile(r"label_values\(\s*([A-Za-z_:][\w:]*)")
 
 
@@ -99,3 +104,21 @@ def test_compose_provisions_the_dashboard_folder() -> None:
     compose = load_yaml(REPO / "docker-compose.yaml")
     mounts = compose["services"]["grafana"]["volumes"]
     assert f"./deploy/grafana/dashboards:{provider['options']['path']}:ro" in mounts
+
+
+def test_the_upstream_dashboard_is_the_releases_file() -> None:
+    digest = hashlib.sha256(UPSTREAM_DASHBOARD.read_bytes()).hexdigest()
+    assert digest == UPSTREAM_DASHBOARD_SHA256, "changed: refresh it as its README says"
+    readme = (UPSTREAM_DASHBOARD.parent / "README.md").read_text(encoding="utf-8")
+    assert UPSTREAM_DASHBOARD_SHA256 in readme
+
+
+def test_every_upstream_query_names_its_series() -> None:
+    # The integration test reports a panel without data by the series Prometheus lacks: these names.
+    expressions = _expressions(_load(UPSTREAM_DASHBOARD))
+    assert len(expressions) > 40
+    unnamed = [(where, expr) for where, expr in expressions if not promql_metric_names(expr)]
+    assert not unnamed
+    names = {name for _, expr in expressions for name in promql_metric_names(expr)}
+    assert {"inference_objective_request_total", "inference_pool_per_pod_queue_size"} <= names
+    assert all(re.fullmatch(r"[A-Za-z_:][\w:]*", name) for name in names), names

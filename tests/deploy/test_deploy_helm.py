@@ -46,6 +46,7 @@ from test_deploy_k8s import (
 )
 
 from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
+from pointsman_picker.health import LIVENESS, READINESS_SERVICES
 from pointsman_picker.server import checked
 from pointsman_shared.backoff import Backoff
 from pointsman_shared.config import PointsmanConfig, load_config, split_host_port
@@ -396,6 +397,12 @@ def test_probes_and_ports_are_where_the_config_listens(case: str, tmp_path: Path
     health = _port(config.picker.health_listen)
     assert picker["readinessProbe"]["grpc"]["port"] == health
     assert picker["livenessProbe"]["grpc"]["port"] == health
+    # upstream's health service names, as the picker serves them
+    assert (picker["readinessProbe"]["grpc"]["service"], picker["livenessProbe"]["grpc"]["service"]) == (
+        "readiness",
+        LIVENESS,
+    )
+    assert "readiness" in READINESS_SERVICES
     ports = {p["name"]: p["containerPort"] for c in picker_pod["containers"] for p in c.get("ports", [])}
     assert ports["metrics"] == _port(config.picker.metrics_listen)
     service = _one(objects, "Service", PICKER)

@@ -33,6 +33,7 @@ from deploy_kit import (
 
 from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
 from pointsman_devstack.stack import served_models
+from pointsman_picker.health import LIVENESS, READINESS_SERVICES
 from pointsman_shared.backoff import Backoff
 from pointsman_shared.config import (
     INFERENCE_POOL_V1,
@@ -808,6 +809,12 @@ def test_probes_and_ports_are_where_the_config_listens() -> None:
     health_port = int(config.picker.health_listen.rsplit(":", 1)[1])
     assert picker["readinessProbe"]["grpc"]["port"] == health_port
     assert picker["livenessProbe"]["grpc"]["port"] == health_port
+    # upstream's health service names, as the picker serves them
+    assert (picker["readinessProbe"]["grpc"]["service"], picker["livenessProbe"]["grpc"]["service"]) == (
+        "readiness",
+        LIVENESS,
+    )
+    assert "readiness" in READINESS_SERVICES
     ports = {p["name"]: p["containerPort"] for p in picker["ports"]}
     assert ports["metrics"] == int(config.picker.metrics_listen.rsplit(":", 1)[1])
     (collector,) = _one(objects, "Deployment", "pointsman-collector")["spec"]["template"]["spec"][

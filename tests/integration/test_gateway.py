@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from integration_kit import POD_HEADER, Pool, completion
 
 from pointsman_devstack.stack import Stack
@@ -98,3 +100,13 @@ def test_every_pod_advertises_its_adapter_slots(stack: Stack, pool: Pool) -> Non
     # Even a pod that has not served an adapter yet (only an idle lora_requests_info series) counts as
     # having free slots; else LoRA affinity would never pick it for a new adapter.
     pool.wait_for(lambda pods: all(p["maxLora"] == stack.sim.max_loras for p in pods.values()))
+
+
+def test_v1_models_lists_the_names_clients_send(gateway: httpx.Client) -> None:
+    response = gateway.get("/v1/models")
+    assert response.status_code == 200, response.text
+    assert POD_HEADER not in response.headers  # the picker answered, from its config
+    listed = [model["id"] for model in response.json()["data"]]
+    config = yaml.safe_load((Path(__file__).parent / "pointsman-test.yaml").read_text(encoding="utf-8"))
+    assert listed == [model["modelName"] for model in config["models"]]
+    assert "tweet-summary-0" not in listed  # a target: what the picker sends pods, not what clients send

@@ -28,8 +28,11 @@ MODELS: list[dict[str, Any]] = [
 
 
 def config(**sections: Any) -> PointsmanConfig:
+    """The upstream end-to-end tests' pool and models; a model they do not name is a 404, as at #423
+    (``picker.passthroughUnknownModels`` off unless a ``picker`` section sets it)."""
     doc: dict[str, Any] = {"pool": {"name": "test-pool", "targetPort": 8000}, "models": MODELS}
     doc.update(sections)
+    doc["picker"] = {"passthroughUnknownModels": False, **doc.get("picker", {})}
     return parse_config(doc)
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,7 +17,7 @@ from picker_builders import pod, snapshot
 
 from pointsman_devstack.ports import free_port
 from pointsman_picker.__main__ import main
-from pointsman_picker.server import EXT_PROC_SERVICE
+from pointsman_picker.health import EXT_PROC_SERVICE
 from pointsman_shared.codec import encode_pool
 from pointsman_shared.keys import RedisKeys
 
@@ -91,7 +92,7 @@ picker:
     try:
         await wait_status(health, health_pb2.HealthCheckResponse.NOT_SERVING)
         keys = RedisKeys("proc-pool")
-        blob = encode_pool(snapshot(pod(), pool="proc-pool"))
+        blob = encode_pool(snapshot(pod(), pool="proc-pool", published_at=time.time()))  # fresh: ready
         with redis.Redis.from_url(redis_url) as client:
             client.hset(keys.snapshot, mapping={"version": 1, "data": blob})
             client.publish(keys.channel, 1)
@@ -101,6 +102,55 @@ picker:
         _, stderr = await asyncio.wait_for(process.communicate(), 15)
         assert process.returncode == 0, stderr.decode()
         assert b"Traceback" not in stderr
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()
+
+
+UPSTREAM_PLUGINS = Path(__file__).parents[3] / "shared/tests/data/upstream/default-plugins.yaml"
+
+
+async def test_an_upstream_deployment_s_args_run_it_with_only_a_redis_url_added(redis_url):
+    """The args upstream's chart gives its picker (GIE v1.5.0), its EndpointPickerConfig, REDIS_URL."""
+    listen, health, metrics = free_port(), free_port(), free_port()
+    args = [
+        "--pool-name", "up-pool",
+        "--pool-namespace", "default",
+        "--pool-group", "inference.networking.k8s.io",
+        "--zap-encoder", "json",
+        "--config-file", str(UPSTREAM_PLUGINS),
+        "--tracing=false",
+        "--metrics-endpoint-auth=false",
+        "--grpc-port", str(listen),
+        "--grpc-health-port", str(health),
+        "--metrics-port", str(metrics),
+        "-v", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "REDIS_URL": redis_url}
+    env.pop("POINTSMAN_CONFIG", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pointsman_picker", *args, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        # Upstream's probes: liveness at once, readiness and inference-extension with a fresh snapshot.
+        await wait_status(health, health_pb2.HealthCheckResponse.SERVING, "liveness")
+        assert await health_status(health, "readiness") == health_pb2.HealthCheckResponse.NOT_SERVING
+        blob = encode_pool(snapshot(pod(), pool="up-pool", published_at=time.time()))
+        keys = RedisKeys("up-pool")
+        with redis.Redis.from_url(redis_url) as client:
+            client.hset(keys.snapshot, mapping={"version": 1, "data": blob})
+            client.publish(keys.channel, 1)
+        for service in ("readiness", "inference-extension"):
+            await wait_status(health, health_pb2.HealthCheckResponse.SERVING, service)
+        await wait_status(listen, health_pb2.HealthCheckResponse.SERVING, EXT_PROC_SERVICE)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 15)
+        assert process.returncode == 0, stderr.decode()
+        log = stderr.decode()
+        assert "--zap-encoder is accepted and not used" in log
+        assert "prefix-cache-scorer is left out" in log
+        assert "Traceback" not in log
     finally:
         if process.returncode is None:
             process.kill()

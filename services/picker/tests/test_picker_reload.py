@@ -24,7 +24,7 @@ def write(path: Path, doc: object, stamp: int) -> None:
 
 def watcher(path: Path) -> tuple[ConfigWatcher, list[PointsmanConfig]]:
     applied: list[PointsmanConfig] = []
-    return ConfigWatcher(path, lambda p: load_config(p, environ={}), applied.append), applied
+    return ConfigWatcher(path, lambda p: (load_config(p, environ={}), []), applied.append), applied
 
 
 def test_a_valid_change_is_applied_once(tmp_path):

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from pointsman_picker.resolution import ModelCatalog, Resolution
-from pointsman_shared.config import InferenceModel
+from pointsman_shared.config import InferenceModel, InferenceObjective
 
 
 def model(name: str, criticality: str | None = None, targets=()) -> InferenceModel:
@@ -28,17 +28,49 @@ def draws(m: InferenceModel, n: int = 10_000) -> Counter[str]:
 )
 def test_only_critical_is_critical(criticality, critical):
     catalog = ModelCatalog([model("m", criticality)])
-    assert catalog.resolve("m", random.Random(0)) == Resolution("m", "m", critical)
+    # Critical ranks as the default objective (priority 0), the rest below it.
+    assert catalog.resolve("m", random.Random(0)) == Resolution("m", "m", critical, 0 if critical else -1)
 
 
 @pytest.mark.parametrize(("priority", "critical"), [(-1, False), (0, True), (10, True)])
 def test_an_inference_objective_is_sheddable_only_with_a_negative_priority(priority, critical):
     objective = InferenceModel.model_validate({"modelName": "m", "priority": priority})
-    assert ModelCatalog([objective]).resolve("m", random.Random(0)) == Resolution("m", "m", critical)
+    resolved = ModelCatalog([objective]).resolve("m", random.Random(0))
+    assert resolved == Resolution("m", "m", critical, priority)
 
 
-def test_unknown_model_is_none():
+def test_unknown_model_is_none_unless_passed_through():
     assert ModelCatalog([model("m")]).resolve("other", random.Random(0)) is None
+    passed = ModelCatalog([model("m")], passthrough=True).resolve("other", random.Random(0))
+    assert passed == Resolution("other", "other", critical=True, priority=0, configured=False)
+
+
+OBJECTIVES = [
+    InferenceObjective(name="batch", priority=-5),
+    InferenceObjective(name="interactive", priority=10),
+]
+
+
+@pytest.mark.parametrize(
+    ("asked", "objective", "critical", "priority"),
+    [
+        # the header's objective decides, for a configured model and a passed-through one alike
+        ("m", "batch", False, -5),
+        ("m", "interactive", True, 10),
+        ("other", "batch", False, -5),
+        # an objective nobody declared is the default one: priority 0, never shed
+        ("m", "nobody", True, 0),
+        ("other", "nobody", True, 0),
+        # no header: the model's own criticality (Sheddable: below the default), or the default
+        ("m", None, False, -1),
+        ("other", None, True, 0),
+    ],
+)
+def test_the_objective_header_sets_the_priority(asked, objective, critical, priority):
+    catalog = ModelCatalog([model("m", "Sheddable", [{"name": "m-v1"}])], OBJECTIVES, passthrough=True)
+    resolved = catalog.resolve(asked, random.Random(0), objective)
+    assert (resolved.critical, resolved.priority) == (critical, priority)
+    assert resolved.target == ("m-v1" if asked == "m" else asked)
 
 
 def test_no_targets_serves_the_name_itself():

@@ -33,8 +33,10 @@ from picker_builders import (
 )
 from prometheus_client import CollectorRegistry
 
-from pointsman_picker.server import EXT_PROC_SERVICE, PickerApp, create_app
+from pointsman_picker.health import LIVENESS, READINESS_SERVICES
+from pointsman_picker.server import PickerApp, create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
+from pointsman_testkit import eventually
 
 DEST = "x-gateway-destination-endpoint"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -172,7 +174,7 @@ async def test_no_snapshot_under_fail_close_is_503(picker):
 
 async def test_a_request_without_body_is_routed_on_its_headers(picker):
     picker.use(pod(5), pod(0))
-    [answer] = await picker.exchange(headers((":method", "GET"), (":path", "/v1/models"), end_of_stream=True))
+    [answer] = await picker.exchange(headers((":method", "GET"), (":path", "/health"), end_of_stream=True))
     assert answer.request_headers.response.clear_route_cache
     assert set_headers(answer, "request_headers") == {DEST: "192.168.1.2:8000"}
     assert metadata(answer) == {"envoy.lb": {DEST: "192.168.1.2:8000"}}
@@ -220,19 +222,49 @@ async def eventually_serving(port: int, service: str) -> None:
     raise AssertionError("never SERVING")
 
 
-@pytest.mark.parametrize("service", ["", EXT_PROC_SERVICE])
-async def test_health_waits_for_the_first_snapshot_on_both_ports(picker, service):
+@pytest.mark.parametrize("service", READINESS_SERVICES)
+async def test_readiness_waits_for_the_first_fresh_snapshot_on_both_ports(picker, service):
     for port in (picker.app.port, picker.app.health_port):
         assert await check(port, service) == NOT_SERVING
+        assert await check(port, LIVENESS) == SERVING  # live while waiting: no restart for it
+    picker.source.set(snapshot(pod(), published_at=NOW - 60))  # a snapshot, but too old to route by
+    await asyncio.sleep(0.15)
+    assert await check(picker.app.port, service) == NOT_SERVING
     picker.use(pod())
     for port in (picker.app.port, picker.app.health_port):
         await eventually_serving(port, service)
+
+
+async def test_health_watch_streams_changes_on_both_ports(picker):
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{picker.app.port}") as ext_proc_channel,
+        grpc.aio.insecure_channel(f"127.0.0.1:{picker.app.health_port}") as health_channel,
+    ):
+        watches = [
+            health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="readiness"))
+            for channel in (ext_proc_channel, health_channel)
+        ]
+        for watch in watches:
+            assert (await watch.read()).status == NOT_SERVING
+        picker.use(pod())
+        for watch in watches:
+            assert (await asyncio.wait_for(watch.read(), 5)).status == SERVING
+        for watch in watches:
+            watch.cancel()
+
+
+async def test_get_v1_models_lists_the_names_clients_send(picker):
+    [answer] = await picker.exchange(headers((":method", "GET"), (":path", "/v1/models"), end_of_stream=True))
+    listing = json.loads(answer.immediate_response.body)
+    assert [m["id"] for m in listing["data"]] == ["my-model", "sql-lora", "sql-lora-sheddable", "plain"]
+    assert listing["object"] == "list"
 
 
 async def test_metrics_are_served(picker):
     picker.use(pod())
     await picker.exchange(post_headers(), body(completion("my-model")))
     await picker.exchange(post_headers(), body(b'{"model":"unknown-model"}'))
+    await eventually(lambda: picker.app.service.open_streams == 0)  # both streams closed on the server too
     url = f"http://127.0.0.1:{picker.app.metrics_port}/metrics"
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
     assert (
@@ -247,6 +279,8 @@ async def test_metrics_are_served(picker):
     assert "inference_extension_scheduler_e2e_duration_seconds_count 1.0" in text
     assert 'pointsman_picker_snapshot_version{name="test-pool"} 1.0' in text
     assert 'inference_pool_ready_pods{name="test-pool"} 1.0' in text
+    # Routed and then finished (the stream closed): no longer running.
+    assert 'inference_objective_running_requests{model_name="my-model"} 0.0' in text
 
 
 async def test_shutdown_goes_not_serving_and_cancels_streams_after_the_grace(picker):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -24,13 +25,15 @@ class FakeRouter:
         self.errors: list[errors.PickerError] = []
         self.done: list[Completion] = []
         self.explained: list[bool] = []
+        self.objectives: list[str | None] = []
         self.fail = fail
         self.rewrite = rewrite
         self.now = 0.0
 
-    def route(self, data: bytes | None, explain: bool) -> Routing:
+    def route(self, data: bytes | None, explain: bool, objective: str | None) -> Routing:
         self.bodies.append(data)
         self.explained.append(explain)
+        self.objectives.append(objective)
         if self.fail is not None:
             raise self.fail
         if self.rewrite is not None:
@@ -190,6 +193,50 @@ def test_headers_with_end_of_stream_route_without_a_body():
     assert router.bodies == [None]
 
 
+LISTING = b'{"object":"list","data":[{"id":"my-model"}]}'
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "listed"),
+    [
+        ("GET", "/v1/models", True),
+        ("GET", "/v1/models/?x=1", True),
+        ("POST", "/v1/models", False),
+        ("GET", "/v1/models/my-model", False),
+        ("GET", "/health", False),
+    ],
+)
+def test_get_v1_models_is_answered_with_the_listing(method, path, listed):
+    router = FakeRouter()
+    settings = dataclasses.replace(SETTINGS, models_listing=LISTING)
+    answers = router.stream(settings).handle(
+        headers((":method", method), (":path", path), end_of_stream=True)
+    )
+    if listed:
+        [answer] = answers
+        assert answer.immediate_response.status.code == 200
+        assert answer.immediate_response.body == LISTING
+        assert router.bodies == []  # not routed
+    else:
+        assert router.bodies == [None]
+
+
+def test_without_a_listing_get_v1_models_goes_to_a_pod():
+    router = FakeRouter()
+    router.stream().handle(headers((":method", "GET"), (":path", "/v1/models"), end_of_stream=True))
+    assert router.bodies == [None]
+
+
+@pytest.mark.parametrize(
+    ("sent", "objective"),
+    [((), None), ((("x-gateway-inference-objective", "batch"),), "batch")],
+)
+def test_the_objective_header_goes_to_the_router(sent, objective):
+    router = FakeRouter()
+    router.stream().handle(headers((":method", "GET"), *sent, end_of_stream=True))
+    assert router.objectives == [objective]
+
+
 @pytest.mark.parametrize(
     ("fail", "status"),
     [(errors.NoCapacity("full"), 429), (errors.UnknownModel("who"), 404), (KeyError("bug"), 500)],
@@ -244,7 +291,7 @@ def test_the_response_is_counted_and_passed_through_untouched(content_type, chun
         else:
             assert answer == pb.ProcessingResponse(response_body=pb.BodyResponse())
     size = sum(len(c) for c in chunks)
-    assert router.done == [Completion("m", "m", 200, 0.5, 2, size, usage)]
+    assert router.done == [Completion("m", "m", 0, 200, 0.5, 2, size, usage)]
     assert stream.phase is Phase.DONE
 
 

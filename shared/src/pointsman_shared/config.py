@@ -112,6 +112,13 @@ class FailureMode(StrEnum):
     FAIL_CLOSE = "FailClose"
 
 
+# The InferencePool API versions discovery reads: GIE v1.0+ (the default), and the older one GIE v0.x
+# served (v1.0-v1.3 still serve it beside v1).
+INFERENCE_POOL_V1: Final = "inference.networking.k8s.io/v1"
+INFERENCE_POOL_V1ALPHA2: Final = "inference.networking.x-k8s.io/v1alpha2"
+InferencePoolApiVersion = Literal["inference.networking.k8s.io/v1", "inference.networking.x-k8s.io/v1alpha2"]
+
+
 class KubernetesDiscovery(_Model):
     """Pods from an InferencePool and the Ready pods its selector matches (the collector watches both)."""
 
@@ -119,9 +126,8 @@ class KubernetesDiscovery(_Model):
     inference_pool: str | None = Field(default=None, min_length=1)
     # Default: the service account's namespace in a cluster, else the kubeconfig context's.
     namespace: str | None = Field(default=None, min_length=1)
-    api_version: Literal["inference.networking.x-k8s.io/v1alpha2", "inference.networking.k8s.io/v1"] = (
-        "inference.networking.x-k8s.io/v1alpha2"
-    )
+    # v1: spec.selector.matchLabels and spec.targetPorts[]; v1alpha2: spec.selector, spec.targetPortNumber.
+    api_version: InferencePoolApiVersion = INFERENCE_POOL_V1
     # Unset: the in-cluster service account.
     kubeconfig: str | None = Field(default=None, min_length=1)
 
@@ -189,6 +195,14 @@ class InferenceModel(_Model):
         return targets
 
 
+class InferenceObjective(_Model):
+    """An InferenceObjective (inference.networking.x-k8s.io/v1alpha2) as the config states it. A request
+    naming it in the ``picker.objectiveHeader`` header gets its priority: negative is sheddable."""
+
+    name: str = Field(min_length=1)
+    priority: int = 0
+
+
 class SchedulingConfig(_Model):
     kv_cache_threshold: float = Field(default=0.8, ge=0, le=1)
     queue_threshold_critical: int = Field(default=5, ge=0)
@@ -249,6 +263,12 @@ class PickerConfig(_Model):
     # each pod still has to compute from its recent assignments drains at this rate. Read only by
     # profiles with a least-work-filter.
     prefill_tokens_per_second: float = Field(default=20_000.0, gt=0)
+    # The header naming a request's InferenceObjective (upstream's); an objective not in `objectives`,
+    # or no header, is the default objective: priority 0, never shed.
+    objective_header: str = Field(default="x-gateway-inference-objective", min_length=1)
+    # A model no entry of `models` names is served as asked, with the default objective (upstream v1);
+    # false answers 404 instead.
+    passthrough_unknown_models: bool = True
 
 
 class PluginSpec(_Model):
@@ -281,6 +301,7 @@ class PointsmanConfig(_Model):
     kind: Literal["PointsmanConfig"] = KIND
     pool: PoolConfig = PoolConfig()
     models: tuple[InferenceModel, ...] = ()
+    objectives: tuple[InferenceObjective, ...] = ()
     scheduling: SchedulingConfig = SchedulingConfig()
     redis: RedisConfig = RedisConfig()
     collector: CollectorConfig = CollectorConfig()
@@ -299,6 +320,16 @@ class PointsmanConfig(_Model):
                 raise ValueError(f"[{i}].modelName {model.model_name!r} is declared twice")
             seen.add(model.model_name)
         return models
+
+    @field_validator("objectives")
+    @classmethod
+    def _unique_objectives(cls, objectives: tuple[InferenceObjective, ...]) -> tuple[InferenceObjective, ...]:
+        seen: set[str] = set()
+        for i, objective in enumerate(objectives):
+            if objective.name in seen:
+                raise ValueError(f"[{i}].name {objective.name!r} is declared twice")
+            seen.add(objective.name)
+        return objectives
 
     @property
     def metric_names(self) -> MetricNames:
@@ -319,6 +350,11 @@ def parse_config(
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> PointsmanConfig:
+    return parse_config(load_document(path), source=str(path), environ=environ)
+
+
+def load_document(path: str | Path) -> dict[str, Any] | None:
+    """The YAML mapping in ``path`` (``None`` for an empty file), or :class:`ConfigError`."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -330,7 +366,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
         raise ConfigError(source, [("", f"not valid YAML: {exc}")]) from None
     if doc is not None and not isinstance(doc, dict):
         raise ConfigError(source, [("", "the document must be a mapping")])
-    return parse_config(doc, source=source, environ=environ)
+    return doc
 
 
 def _with_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:

@@ -69,7 +69,11 @@ def quality_config(profile: str, *, count_assignments: bool = True) -> Pointsman
             "models": MODELS,
             # Below 0.999 the soft-affinity filter's random draw picks the free-slot group now and then.
             "scheduling": {"loraAffinityThreshold": 0.8},
-            "picker": {"profile": profile, "countAssignments": count_assignments},
+            "picker": {
+                "profile": profile,
+                "countAssignments": count_assignments,
+                "passthroughUnknownModels": False,
+            },
         }
     )
 

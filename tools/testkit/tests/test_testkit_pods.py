@@ -24,7 +24,12 @@ def test_pod_names_fields_as_upstream_tests_do() -> None:
 def test_pod_passes_health_reason_and_field_times() -> None:
     times = FieldTimes(waiting=1.0)
     built = pod(healthy=False, reason="timeout", field_times=times, updated_at=5.0)
-    assert (built.healthy, built.reason, built.field_times, built.updated_at) == (False, "timeout", times, 5.0)
+    assert (built.healthy, built.reason, built.field_times, built.updated_at) == (
+        False,
+        "timeout",
+        times,
+        5.0,
+    )
 
 
 def test_pool_pods_numbers_addresses_and_keeps_the_rest() -> None:

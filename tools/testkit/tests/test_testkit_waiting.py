@@ -30,5 +30,5 @@ async def test_fails_with_what_was_checked_when_never_true() -> None:
     def never() -> bool:
         return False
 
-    with pytest.raises(AssertionError, match="never not true within 0.05 s"):
+    with pytest.raises(AssertionError, match=r"never not true within 0\.05 s"):
         await eventually(never, within=0.05)

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from pointsman_collector.assembly import bind_listener, create_collector
 from pointsman_collector.errors import DiscoveryError
-from pointsman_shared import aio
-from pointsman_shared.config import ConfigError, PointsmanConfig, load_config, split_host_port
+from pointsman_shared import aio, upstream
+from pointsman_shared.config import ConfigError, PointsmanConfig, split_host_port
 
 log = logging.getLogger("pointsman_collector")
 
@@ -29,21 +29,26 @@ log = logging.getLogger("pointsman_collector")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pointsman-collector", description=__doc__)
     parser.add_argument("--config", help="the Pointsman config file (default: $POINTSMAN_CONFIG)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
+    )
+    upstream.add_flags(parser, metrics_field="collector.listen")
     args = parser.parse_args(argv)
     path = args.config or os.environ.get("POINTSMAN_CONFIG")
     if not path:
         parser.error("--config is required when POINTSMAN_CONFIG is not set")
     try:
-        config = load_config(path, environ=os.environ)
+        config, warnings = upstream.load(path, extra=upstream.overrides(args), environ=os.environ)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=upstream.log_level(args, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for warning in [*upstream.ignored(args), *warnings]:
+        log.warning("%s", warning)
     # What is loaded by now lives as long as the process. Frozen, it is left out of the full garbage
     # collections that the scrapes' many short-lived objects set off: each walked all of it, pausing the
     # loop for up to 45 ms (late rounds, old metrics) at 200 pods; now a few ms.

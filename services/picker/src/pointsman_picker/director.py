@@ -23,7 +23,7 @@ from pointsman_picker.explain import DecisionTrace
 from pointsman_picker.ports import RoutingMetrics, SnapshotSource
 from pointsman_picker.resolution import ModelCatalog
 from pointsman_picker.routing import Routing
-from pointsman_picker.scheduling import NoCapacity, Pods, Scheduler, SchedulingRequest
+from pointsman_picker.scheduling import Drop, Pods, Scheduler, SchedulingRequest
 from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_shared.config import FailureMode, PointsmanConfig
@@ -36,7 +36,30 @@ CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokeniz
 # Long enough to see the tail of a Zipf mix of adapters at tens of requests a second.
 RECENT_TARGETS_WINDOW = 30.0
 
+# Models passed through as asked are client input: the first this many get a metric label of their own.
+PASSTHROUGH_LABELS = 256
+
 log = logging.getLogger(__name__)
+
+
+class BoundedLabels:
+    """Label values from client input, bounded: the first ``limit`` distinct values are their own
+    label (cut to 128 characters), any later one is ``other``."""
+
+    OTHER = "other"
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def label(self, value: str) -> str:
+        value = value[:128]
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self._limit:
+            return self.OTHER
+        self._seen.add(value)
+        return value
 
 
 def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pods, bool]:
@@ -116,12 +139,15 @@ class Director:
         self._last_seen: PoolSnapshot | None = None
         self._last_known: tuple[str, ...] = ()  # see _remember
         self._decisions = 0
+        self._passthrough_labels = BoundedLabels(PASSTHROUGH_LABELS)
         self.reconfigure(config)
 
     def reconfigure(self, config: PointsmanConfig) -> None:
         """Use ``config``'s models, thresholds, freshness and failure mode from the next request on.
         Assignments still in flight keep counting."""
-        self._catalog = ModelCatalog(config.models)
+        self._catalog = ModelCatalog(
+            config.models, config.objectives, passthrough=config.picker.passthrough_unknown_models
+        )
         self._scheduler = Scheduler(config.scheduling, self._rng, profile=build_profile(config))
         self.profile = self._scheduler.profile.name  # the label of decisions
         self._max_staleness = config.picker.max_staleness
@@ -144,18 +170,19 @@ class Director:
         elif self._targets is None:
             self._targets = RecentTargets(RECENT_TARGETS_WINDOW)
 
-    def route(self, body: bytes | None, explain: bool = False) -> Routing:
-        """Route a request; ``body`` is ``None`` when the request has none (routed without a model).
-        With ``explain`` (or DEBUG logging) the routing carries the path taken; a
-        :class:`~pointsman_picker.errors.PickerError` raised after scheduling carries it too."""
+    def route(self, body: bytes | None, explain: bool = False, objective: str | None = None) -> Routing:
+        """Route a request; ``body`` is ``None`` when the request has none (routed without a model);
+        ``objective`` is the InferenceObjective the request names, if any. With ``explain`` (or DEBUG
+        logging) the routing carries the path taken; a :class:`~pointsman_picker.errors.PickerError`
+        raised after scheduling carries it too."""
         explain = explain or log.isEnabledFor(logging.DEBUG)
         if body is None:
             request = SchedulingRequest(target_model=None, critical=False)
             endpoint, result, now, path = self._pick(request, "", "", explain)
-            self._metrics.routed("", "", self.profile, result)
+            self._metrics.routed("", "", 0, self.profile, result)
             return Routing(endpoint, None, rewritten=False, assigned_at=now, explain=path)
         parsed = parse_body(body)
-        resolution = self._catalog.resolve(parsed.model, self._rng)
+        resolution = self._catalog.resolve(parsed.model, self._rng, objective)
         if resolution is None:
             # No model label: the name is client input, and metric labels must stay bounded.
             raise errors.UnknownModel(f"no InferenceModel for model {parsed.model[:200]!r}")
@@ -165,9 +192,16 @@ class Director:
             critical=resolution.critical,
             prompt_tokens=estimate_prompt_tokens(parsed.doc) if self._backlog is not None else 0,
         )
-        endpoint, result, now, path = self._pick(request, resolution.model, resolution.target, explain)
-        self._metrics.routed(resolution.model, resolution.target, self.profile, result)
-        return Routing(endpoint, final, final is not body, resolution.model, resolution.target, now, path)
+        model = target = resolution.model
+        if resolution.configured:
+            target = resolution.target
+        else:
+            model = target = self._passthrough_labels.label(model)
+        endpoint, result, now, path = self._pick(request, model, target, explain)
+        self._metrics.routed(model, target, resolution.priority, self.profile, result)
+        return Routing(
+            endpoint, final, final is not body, model, target, now, path, priority=resolution.priority
+        )
 
     def _remember(self, snapshot: PoolSnapshot) -> None:
         """Keep the pods of the newest snapshot that had any (its healthy ones, if it had such): where
@@ -226,11 +260,11 @@ class Director:
             if explain:
                 done = (
                     f"dropped ({outcome.reason})"
-                    if isinstance(outcome, NoCapacity)
+                    if isinstance(outcome, Drop)
                     else f"picked {outcome.address}"
                 )
                 path = trace.describe(pods=len(pods), recent=recent, stale=stale, outcome=done)
-        if isinstance(outcome, NoCapacity):
+        if isinstance(outcome, Drop):
             raise errors.NoCapacity(outcome.reason, model=model, target=target, explain=path)
         if self._assignments is not None:
             self._assignments.record(outcome.address, now)

@@ -1,47 +1,108 @@
 """The picker's Prometheus metrics, on a registry the app owns.
 
-Request metrics keep upstream's names and labels (spec §6). Pool and snapshot gauges are computed from
-the current snapshot at scrape time by a custom collector, so no stale label series linger.
+Every request metric is exported under two names fed by the same call: today's (``inference_model_*``,
+the GIE endpoint picker's names before v1.0) and upstream's current ones (``inference_objective_*``,
+from GIE v1.5.0's ``pkg/epp/metrics/metrics.go``), each with its own labels and buckets. Pool and
+snapshot gauges are computed from the current snapshot at scrape time by a custom collector, so no stale
+label series linger. docs/picker.md ("Metrics") lists every name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from pointsman_picker.ports import SnapshotSource
-from pointsman_picker.routing import Completion
+from pointsman_picker.routing import Completion, Routing
 
-# Upstream's buckets.
+# Upstream's buckets (GIE v1.5.0), its 32778 included.
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60,
     120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
 )  # fmt: skip
-SIZE_BUCKETS = tuple(float(2**i) for i in range(6, 31))  # 64 B .. 1 GiB
+SIZE_BUCKETS = tuple(float(2**i) for i in range(6, 31))  # 64 B .. 1 GiB (request sizes)
+RESPONSE_SIZE_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
+INPUT_TOKEN_BUCKETS = (*RESPONSE_SIZE_BUCKETS, 131072, 262144, 524288, 1048576)
+OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Today's names keep the buckets they always had: SIZE_BUCKETS for responses too, and these for tokens.
 TOKEN_BUCKETS = tuple(float(2**i) for i in (0, *range(3, 21)))  # 1, 8 .. 1 Mi
-_MODEL_LABELS = ["model_name", "target_model_name"]
+# Upstream's error code for a response with an error status; today's names say ModelServer<status>.
+MODEL_SERVER_ERROR = "ModelServerError"
+_MODEL_LABELS = ("model_name", "target_model_name")
+
+
+class _Responses(NamedTuple):
+    """The histogram children one (model, target) feeds as its responses end: today's, then upstream's."""
+
+    duration: Histogram
+    request_sizes: Histogram
+    response_sizes: Histogram
+    input_tokens: Histogram
+    output_tokens: Histogram
+    objective_duration: Histogram
+    objective_request_sizes: Histogram
+    objective_response_sizes: Histogram
+    objective_input_tokens: Histogram
+    objective_output_tokens: Histogram
 
 
 class PickerMetrics:
+    """One method per event (``routed``, ``failed``, ``finished``, ``completed``), each feeding both names.
+
+    Label values are bounded (configured models, the passthrough labels the director caps, fixed results
+    and codes), so each method caches the label children it needs by its arguments: an event costs one
+    dict lookup and the increments.
+    """
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+
+        def histogram(name: str, documentation: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, documentation, _MODEL_LABELS, buckets=buckets, registry=registry)
+
         self.requests = Counter(
             "inference_model_request",
             "Requests routed, by the model asked for and the model served.",
-            ["model_name", "target_model_name"],
+            _MODEL_LABELS,
+            registry=registry,
+        )
+        self.objective_requests = Counter(
+            "inference_objective_request",
+            "Requests routed, by the model asked for, the model served and the objective's priority.",
+            (*_MODEL_LABELS, "priority"),
             registry=registry,
         )
         self.request_errors = Counter(
             "inference_model_request_error",
             "Requests answered with an error, by model and upstream's error code.",
-            ["model_name", "target_model_name", "error_code"],
+            (*_MODEL_LABELS, "error_code"),
+            registry=registry,
+        )
+        self.objective_request_errors = Counter(
+            "inference_objective_request_error",
+            "Requests answered with an error, by model and upstream's error code.",
+            (*_MODEL_LABELS, "error_code"),
+            registry=registry,
+        )
+        self.running_requests = Gauge(
+            "inference_objective_running_requests",
+            "Requests routed whose ext_proc stream has not ended, by the model asked for.",
+            ("model_name",),
             registry=registry,
         )
         self.scheduler_duration = Histogram(
@@ -53,93 +114,158 @@ class PickerMetrics:
         self.decisions = Counter(
             "pointsman_picker_decisions",
             "Routing decisions by scheduling profile and result.",
-            ["profile", "result"],
-            registry=registry,
-        )
-        # Response side: only when Envoy sends responses to the picker (response_header_mode SEND).
-        self.request_duration = Histogram(
-            "inference_model_request_duration_seconds",
-            "From request headers to the end of the response.",
-            _MODEL_LABELS,
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.request_sizes = Histogram(
-            "inference_model_request_sizes",
-            "Request body bytes (as forwarded).",
-            _MODEL_LABELS,
-            buckets=SIZE_BUCKETS,
-            registry=registry,
-        )
-        self.response_sizes = Histogram(
-            "inference_model_response_sizes",
-            "Response body bytes.",
-            _MODEL_LABELS,
-            buckets=SIZE_BUCKETS,
-            registry=registry,
-        )
-        self.input_tokens = Histogram(
-            "inference_model_input_tokens",
-            "Prompt tokens, from the response's usage.",
-            _MODEL_LABELS,
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
-        )
-        self.output_tokens = Histogram(
-            "inference_model_output_tokens",
-            "Completion tokens, from the response's usage.",
-            _MODEL_LABELS,
-            buckets=TOKEN_BUCKETS,
+            ("profile", "result"),
             registry=registry,
         )
         self.plugin_duration = Histogram(
             "inference_extension_plugin_duration_seconds",
             "Time one filter of the scheduling tree took (one decision in 16 is timed).",
-            ["plugin_type", "plugin_name"],
+            ("plugin_type", "plugin_name"),
             buckets=SCHEDULER_BUCKETS,
             registry=registry,
         )
-        self._routed: dict[tuple[str, str, str, str], tuple[Counter, Counter]] = {}
+        # Response side: only when Envoy sends responses to the picker (response_header_mode SEND).
+        duration = "From request headers to the end of the response."
+        request_sizes = "Request body bytes (as forwarded)."
+        response_sizes = "Response body bytes."
+        input_tokens = "Prompt tokens, from the response's usage."
+        output_tokens = "Completion tokens, from the response's usage."
+        self.request_duration = histogram(
+            "inference_model_request_duration_seconds", duration, DURATION_BUCKETS
+        )
+        self.request_sizes = histogram("inference_model_request_sizes", request_sizes, SIZE_BUCKETS)
+        self.response_sizes = histogram("inference_model_response_sizes", response_sizes, SIZE_BUCKETS)
+        self.input_tokens = histogram("inference_model_input_tokens", input_tokens, TOKEN_BUCKETS)
+        self.output_tokens = histogram("inference_model_output_tokens", output_tokens, TOKEN_BUCKETS)
+        self.objective_duration = histogram(
+            "inference_objective_request_duration_seconds", duration, DURATION_BUCKETS
+        )
+        self.objective_request_sizes = histogram(
+            "inference_objective_request_sizes", request_sizes, SIZE_BUCKETS
+        )
+        self.objective_response_sizes = histogram(
+            "inference_objective_response_sizes", response_sizes, RESPONSE_SIZE_BUCKETS
+        )
+        self.objective_input_tokens = histogram(
+            "inference_objective_input_tokens", input_tokens, INPUT_TOKEN_BUCKETS
+        )
+        self.objective_output_tokens = histogram(
+            "inference_objective_output_tokens", output_tokens, OUTPUT_TOKEN_BUCKETS
+        )
+        # The label children's bound inc methods, by the arguments of routed and failed.
+        self._routed: dict[tuple[str, str, int, str, str], tuple[Callable[[], None], ...]] = {}
+        self._failed: dict[tuple[str, str, str, str, str], tuple[Callable[[], None], ...]] = {}
+        self._running: dict[str, Gauge] = {}
+        self._responses: dict[tuple[str, str], _Responses] = {}
+        self._response_errors: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
 
-    def routed(self, model: str, target: str, profile: str, result: str) -> None:
-        # Label values here are bounded (configured models, fixed results): cache the children.
-        key = (model, target, profile, result)
-        children = self._routed.get(key)
-        if children is None:
-            children = self._routed[key] = (
+    def routed(self, model: str, target: str, priority: int, profile: str, result: str) -> None:
+        """A request got a destination; it runs until :meth:`finished` (a request without a model, ``""``,
+        is not counted as running: upstream counts none without a model name)."""
+        key = (model, target, priority, profile, result)
+        increments = self._routed.get(key)
+        if increments is None:
+            children: list[Counter | Gauge] = [
                 self.requests.labels(model, target),
+                self.objective_requests.labels(model, target, str(priority)),
                 self.decisions.labels(profile, result),
-            )
-        children[0].inc()
-        children[1].inc()
+            ]
+            if model:
+                children.append(self._running_child(model))
+            increments = self._routed[key] = tuple(child.inc for child in children)
+        for increment in increments:
+            increment()
+
+    def finished(self, routing: Routing) -> None:
+        """The ext_proc stream of a request :meth:`routed` counted has ended (however it ended)."""
+        if routing.model:
+            self._running_child(routing.model).dec()
+
+    def _running_child(self, model: str) -> Gauge:
+        child = self._running.get(model)
+        if child is None:
+            child = self._running[model] = self.running_requests.labels(model)
+        return child
 
     def scheduled(self, seconds: float) -> None:
         self.scheduler_duration.observe(seconds)
 
     def failed(self, model: str, target: str, error_code: str, profile: str, result: str) -> None:
         """``model`` must be a configured model or "" (never raw client input: unbounded labels)."""
-        self.request_errors.labels(model, target, error_code).inc()
-        self.decisions.labels(profile, result).inc()
+        key = (model, target, error_code, profile, result)
+        increments = self._failed.get(key)
+        if increments is None:
+            increments = self._failed[key] = (
+                self.request_errors.labels(model, target, error_code).inc,
+                self.objective_request_errors.labels(model, target, error_code).inc,
+                self.decisions.labels(profile, result).inc,
+            )
+        for increment in increments:
+            increment()
 
     def filters_timed(self, steps: list[tuple[str, int, float]]) -> None:
         for name, _, seconds in steps:
             self.plugin_duration.labels("filter", name).observe(seconds)
 
     def completed(self, done: Completion) -> None:
-        """A response Envoy showed the picker has ended; an HTTP error status counts as an error."""
-        labels = (done.model, done.target)
+        """A response Envoy showed the picker has ended; an HTTP error status counts as an error. As
+        upstream, the ``inference_objective_*`` names leave out a duration that is not positive and
+        token counts of zero."""
+        key = (done.model, done.target)
+        series = self._responses.get(key)
+        if series is None:
+            series = self._responses[key] = self._response_series(*key)
         if done.status >= 400:
-            self.request_errors.labels(*labels, f"ModelServer{done.status}").inc()
-        self.request_duration.labels(*labels).observe(done.duration)
-        self.request_sizes.labels(*labels).observe(done.request_bytes)
-        self.response_sizes.labels(*labels).observe(done.response_bytes)
-        if done.usage is not None:
-            self.input_tokens.labels(*labels).observe(done.usage.prompt_tokens)
-            self.output_tokens.labels(*labels).observe(done.usage.completion_tokens)
+            for child in self._errors_of(done.model, done.target, done.status):
+                child.inc()
+        series.duration.observe(done.duration)
+        series.request_sizes.observe(done.request_bytes)
+        series.response_sizes.observe(done.response_bytes)
+        series.objective_request_sizes.observe(done.request_bytes)
+        series.objective_response_sizes.observe(done.response_bytes)
+        if done.duration > 0:
+            series.objective_duration.observe(done.duration)
+        usage = done.usage
+        if usage is not None:
+            series.input_tokens.observe(usage.prompt_tokens)
+            series.output_tokens.observe(usage.completion_tokens)
+            if usage.prompt_tokens > 0:
+                series.objective_input_tokens.observe(usage.prompt_tokens)
+            if usage.completion_tokens > 0:
+                series.objective_output_tokens.observe(usage.completion_tokens)
+
+    def _response_series(self, model: str, target: str) -> _Responses:
+        return _Responses(
+            *(
+                family.labels(model, target)
+                for family in (
+                    self.request_duration,
+                    self.request_sizes,
+                    self.response_sizes,
+                    self.input_tokens,
+                    self.output_tokens,
+                    self.objective_duration,
+                    self.objective_request_sizes,
+                    self.objective_response_sizes,
+                    self.objective_input_tokens,
+                    self.objective_output_tokens,
+                )
+            )
+        )
+
+    def _errors_of(self, model: str, target: str, status: int) -> tuple[Counter, Counter]:
+        key = (model, target, status)
+        children = self._response_errors.get(key)
+        if children is None:
+            children = self._response_errors[key] = (
+                self.request_errors.labels(model, target, f"ModelServer{status}"),
+                self.objective_request_errors.labels(model, target, MODEL_SERVER_ERROR),
+            )
+        return children
 
 
 class SnapshotCollector(Collector):
-    """Gauges of the snapshot the picker currently routes with."""
+    """Gauges of the snapshot the picker currently routes with (upstream's pool gauges among them)."""
 
     def __init__(self, source: SnapshotSource, pool: str, clock: Callable[[], float]) -> None:
         self._source = source
@@ -170,6 +296,15 @@ class SnapshotCollector(Collector):
             self._pool,
             max(0.0, self._clock() - snapshot.published_at),
         )
+        # Upstream's per-pod queue names the pod by its Kubernetes name; a snapshot knows its address.
+        per_pod = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size",
+            "Requests waiting on each pod of the pool (every pod of the snapshot, healthy or not).",
+            labels=["name", "model_server_pod"],
+        )
+        for pod in snapshot.pods:
+            per_pod.add_metric([self._pool, pod.address], pod.waiting)
+        yield per_pod
         pods = [pod for pod in snapshot.pods if pod.healthy]
         yield _gauge("inference_pool_ready_pods", "Healthy pods in the pool.", self._pool, len(pods))
         if pods:
@@ -184,6 +319,12 @@ class SnapshotCollector(Collector):
                 "Mean waiting queue of the healthy pods.",
                 self._pool,
                 sum(pod.waiting for pod in pods) / len(pods),
+            )
+            yield _gauge(
+                "inference_pool_average_running_requests",
+                "Mean running requests of the healthy pods.",
+                self._pool,
+                sum(pod.running for pod in pods) / len(pods),
             )
 
 

@@ -15,7 +15,7 @@ class SnapshotSource(Protocol):
 
 
 class RoutingMetrics(Protocol):
-    def routed(self, model: str, target: str, profile: str, result: str) -> None:
+    def routed(self, model: str, target: str, priority: int, profile: str, result: str) -> None:
         """A request got a destination; ``result`` is the decision's label (picked, picked_stale, ...)."""
 
     def scheduled(self, seconds: float) -> None:
@@ -28,7 +28,7 @@ class RoutingMetrics(Protocol):
 class NoMetrics:
     """Counts nothing: for a director whose decisions nobody scrapes."""
 
-    def routed(self, model: str, target: str, profile: str, result: str) -> None:
+    def routed(self, model: str, target: str, priority: int, profile: str, result: str) -> None:
         pass
 
     def scheduled(self, seconds: float) -> None:

@@ -17,7 +17,7 @@ from pointsman_shared.config import ConfigError, PointsmanConfig
 
 log = logging.getLogger(__name__)
 
-Load = Callable[[Path], PointsmanConfig]
+Load = Callable[[Path], tuple[PointsmanConfig, list[str]]]  # the config, and warnings to log
 Apply = Callable[[PointsmanConfig], None]
 
 
@@ -44,10 +44,12 @@ class ConfigWatcher:
             return False
         self._stamp = stamp
         try:
-            config = self._load(self._path)
+            config, warnings = self._load(self._path)
         except ConfigError as exc:
             log.error("config change refused, the running config stays: %s", exc)
             return False
+        for warning in warnings:
+            log.warning("%s", warning)
         self._apply(config)
         return True
 

@@ -15,6 +15,7 @@ class Routing:
     target: str = ""
     assigned_at: float = 0.0  # the director's clock at the decision
     explain: str = ""  # the path taken, when asked for (see pointsman_picker.explain)
+    priority: int = 0  # the request's objective priority (negative: sheddable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class Completion:
 
     model: str
     target: str
+    priority: int
     status: int
     duration: float
     request_bytes: int

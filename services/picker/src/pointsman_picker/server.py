@@ -15,12 +15,14 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2, external_processor_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+import orjson
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker.director import Director
@@ -28,18 +30,21 @@ from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, native_methods
 from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.h2grpc.server import GrpcServer
+from pointsman_picker.health import HealthBoard, health_methods
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotCollector
 from pointsman_picker.reload import ConfigWatcher
+from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotFeed
-from pointsman_shared.config import ConfigError, PointsmanConfig, load_config
+from pointsman_shared import upstream
+from pointsman_shared.config import ConfigError, PointsmanConfig
 from pointsman_shared.keys import RedisKeys
 
 log = logging.getLogger(__name__)
 
-EXT_PROC_SERVICE = external_processor_pb2.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
-HEALTH_SERVICES = ("", EXT_PROC_SERVICE)
+# How often the picker looks for a fresh snapshot before it turns ready.
+READY_POLL = 0.05
 DEFAULT_GRACE = 5.0
 # Without this, gRPC sets SO_REUSEPORT and a second picker could silently share the port.
 _SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
@@ -72,12 +77,13 @@ class PickerApp:
             stream_settings(config),
             on_error=self._record_error,
             on_complete=self.metrics.completed,
-            on_finish=self.director.release,
+            on_finish=self._finished,
             clock=time.monotonic,
         )
-        self.health = health.aio.HealthServicer()
-        # The native server answers health Check from this; grpc.aio's servicer keeps its own copy.
-        self.health_statuses: dict[str, int] = {}
+        self.health = HealthBoard()
+        # grpc.aio's servicer (the health port; ext_proc's port with picker.server grpcio) keeps a copy.
+        self._grpc_health = health.aio.HealthServicer()
+        self._clock = clock
         self.port = 0
         self.health_port = 0
         self.metrics_port = 0
@@ -97,17 +103,22 @@ class PickerApp:
         self.config = config
         log.info("config reloaded: %d models", len(config.models))
 
+    def _finished(self, routing: Routing) -> None:
+        """A routed request's stream ended: its assignment is over, and it no longer runs."""
+        self.director.release(routing)
+        self.metrics.finished(routing)
+
     def _record_error(self, error: PickerError) -> None:
         self.metrics.failed(error.model, error.target, error.code, self.director.profile, error.result)
 
     async def start(self) -> None:
         picker = self.config.picker
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._sync_health()
         await self.source.start()
 
         if picker.server == "native":
             self._native = GrpcServer(
-                native_methods(self.service, self.health_statuses),
+                {**native_methods(self.service), **health_methods(self.health)},
                 # The body plus the ProcessingRequest around it.
                 max_message_bytes=picker.max_body_bytes + 64 * 1024,
             )
@@ -117,17 +128,19 @@ class PickerApp:
             external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
                 GrpcioServicer(self.service), self._server
             )
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+            health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, self._server)
             self.port = self._server.add_insecure_port(picker.listen)
             await self._server.start()
         self._health_server = grpc.aio.server(options=_SERVER_OPTIONS)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(picker.health_listen)
         await self._health_server.start()
 
         self._metrics_server = MetricsServer(self.registry)
         await self._metrics_server.start(*split_listen(picker.metrics_listen))
         self.metrics_port = self._metrics_server.port
+        self.health.live()
+        await self._sync_health()
         self._ready_task = asyncio.create_task(self._serve_when_ready(), name="health-ready")
         log.info(
             "picker for pool %s: ext_proc (%s server) on port %d, health on %d, metrics on %d",
@@ -140,17 +153,23 @@ class PickerApp:
 
     async def _serve_when_ready(self) -> None:
         await self.source.wait_ready()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("first snapshot arrived: SERVING")
+        max_age = self.config.picker.max_staleness
+        while True:
+            snapshot = self.source.current()
+            if snapshot is not None and self._clock() - snapshot.published_at <= max_age:
+                break
+            await asyncio.sleep(READY_POLL)
+        self.health.ready()
+        await self._sync_health()
+        log.info("first fresh snapshot (version %d): ready", snapshot.version)
 
-    async def _set_health(self, status: int) -> None:
-        for service in HEALTH_SERVICES:
-            self.health_statuses[service] = status
-            await self.health.set(service, status)
+    async def _sync_health(self) -> None:
+        for service, status in self.health.items():
+            await self._grpc_health.set(service, status)
 
     async def stop(self, grace: float = DEFAULT_GRACE) -> None:
-        await self.health.enter_graceful_shutdown()  # NOT_SERVING there, and later sets are ignored
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.shut_down()
+        await self._grpc_health.enter_graceful_shutdown()  # NOT_SERVING there, and later sets are ignored
         if self._ready_task is not None:
             self._ready_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,8 +197,11 @@ def checked(config: PointsmanConfig, source: str = "<config>") -> PointsmanConfi
     return config
 
 
-def load_checked(path: Path) -> PointsmanConfig:
-    return checked(load_config(path, environ=os.environ), str(path))
+def load_checked(path: Path, extra: Mapping[str, Any] | None = None) -> tuple[PointsmanConfig, list[str]]:
+    """The config in ``path`` with the command line's ``extra`` fields, checked; and the warnings of
+    an upstream EndpointPickerConfig's translation."""
+    config, warnings = upstream.load(path, extra=extra or {}, environ=os.environ)
+    return checked(config, str(path)), warnings
 
 
 def stream_settings(config: PointsmanConfig) -> StreamSettings:
@@ -189,7 +211,20 @@ def stream_settings(config: PointsmanConfig) -> StreamSettings:
         picker.destination_header,
         picker.metadata_namespace,
         picker.explain_header.lower() if picker.explain_header else None,
+        picker.objective_header.lower(),
+        models_listing(config),
     )
+
+
+def models_listing(config: PointsmanConfig) -> bytes | None:
+    """GET /v1/models as OpenAI answers it, listing the names clients send (the configured models', not
+    their targets'); ``None`` without configured models: then a pod lists what it serves."""
+    if not config.models:
+        return None
+    data = [
+        {"id": m.model_name, "object": "model", "created": 0, "owned_by": "pointsman"} for m in config.models
+    ]
+    return orjson.dumps({"object": "list", "data": data})
 
 
 def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str, object, object]]:
@@ -222,9 +257,14 @@ def create_app(
 
 
 async def serve(
-    config: PointsmanConfig, *, config_path: Path | None = None, grace: float = DEFAULT_GRACE
+    config: PointsmanConfig,
+    *,
+    config_path: Path | None = None,
+    load: Callable[[Path], tuple[PointsmanConfig, list[str]]] = load_checked,
+    grace: float = DEFAULT_GRACE,
 ) -> int:
-    """Run until SIGINT or SIGTERM, watching ``config_path`` for changes; the exit status."""
+    """Run until SIGINT or SIGTERM, watching ``config_path`` for changes (read with ``load``); the exit
+    status."""
     app = create_app(config)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -241,7 +281,7 @@ async def serve(
     gc.freeze()
     watch: asyncio.Task[None] | None = None
     if config_path is not None:
-        watcher = ConfigWatcher(config_path, load_checked, app.reconfigure)
+        watcher = ConfigWatcher(config_path, load, app.reconfigure)
         watch = asyncio.create_task(watcher.run(), name="config")
     await stopping.wait()
     log.info("signal received, shutting down")

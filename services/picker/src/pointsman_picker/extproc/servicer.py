@@ -1,18 +1,17 @@
 """The ext_proc service on either server: :class:`RequestStream` per gRPC stream, counted the same way.
 
-``native_methods`` plugs it (and gRPC health's Check) into :class:`~pointsman_picker.h2grpc.server.
+``native_methods`` plugs it into :class:`~pointsman_picker.h2grpc.server.
 GrpcServer`; :class:`GrpcioServicer` into grpc.aio.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health_pb2
 
 from pointsman_picker.extproc.stream import (
     Clock,
@@ -27,7 +26,6 @@ from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
 from pointsman_picker.routing import Routing
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-HEALTH_CHECK_PATH = "/grpc.health.v1.Health/Check"
 
 
 class ExtProcService:
@@ -125,40 +123,6 @@ class _ProcessCall:
             self._service.close(self._stream, cut_short=cut_short)
 
 
-class _HealthCheck:
-    """grpc.health.v1 Check: one request, one answer from the current statuses."""
-
-    __slots__ = ("_request", "_server_stream", "_statuses")
-
-    def __init__(self, statuses: Mapping[str, int], server_stream: ServerStream) -> None:
-        self._statuses = statuses
-        self._server_stream = server_stream
-        self._request: bytes | None = None
-
-    def message(self, payload: bytes) -> None:
-        self._request = payload
-
-    def half_closed(self) -> None:
-        try:
-            service = health_pb2.HealthCheckRequest.FromString(self._request or b"").service
-        except DecodeError:
-            self._server_stream.finish(Status.INVALID_ARGUMENT, "not a HealthCheckRequest")
-            return
-        status = self._statuses.get(service)
-        if status is None:
-            self._server_stream.finish(Status.NOT_FOUND, f"unknown service {service!r}")
-            return
-        self._server_stream.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
-        self._server_stream.finish()
-
-    def cancelled(self) -> None:
-        pass
-
-
-def native_methods(service: ExtProcService, health_statuses: Mapping[str, int]) -> dict[str, Method]:
-    """The native server's methods. Health Watch is not one of them: like any unknown method it gets
-    UNIMPLEMENTED on this port, and is served on ``picker.healthListen``."""
-    return {
-        PROCESS_PATH: lambda server_stream: _ProcessCall(service, server_stream),
-        HEALTH_CHECK_PATH: lambda server_stream: _HealthCheck(health_statuses, server_stream),
-    }
+def native_methods(service: ExtProcService) -> dict[str, Method]:
+    """The ext_proc method for the native server (health's come from :mod:`pointsman_picker.health`)."""
+    return {PROCESS_PATH: lambda server_stream: _ProcessCall(service, server_stream)}

@@ -3,6 +3,7 @@
     HEADERS --headers, end_of_stream--> route without a body --> ROUTED
     HEADERS --headers--> BODY --chunks ... end_of_stream--> route --> ROUTED --response...--> DONE
     any error (400/404/413/429/500/503) --> FAILED (an ImmediateResponse was sent)
+    GET /v1/models with configured models --> ANSWERED (the picker lists them itself)
 
 Body chunks accumulate until ``end_of_stream`` (or trailers, or the one message of a BUFFERED body),
 capped at ``max_body_bytes`` (413). How the decision is answered depends on the body mode Envoy
@@ -38,6 +39,7 @@ from pointsman_picker.extproc.usage import UsageScanner
 from pointsman_picker.routing import Completion, Routing
 
 REQUEST_ID_HEADER = "x-request-id"
+MODELS_PATH = "/v1/models"
 _MODE = processing_mode_pb2.ProcessingMode
 _WHOLE_BODY_MODES = frozenset({_MODE.BUFFERED, _MODE.BUFFERED_PARTIAL})
 _EVENT_STREAM = "text/event-stream"
@@ -46,7 +48,7 @@ _EVENT_STREAM = "text/event-stream"
 _LOG_LEVELS = {429: logging.DEBUG, 503: logging.DEBUG, 500: logging.WARNING}
 _MAX_REQUEST_ID = 128
 
-RouteRequest = Callable[[bytes | None, bool], Routing]  # (body, explain) -> routing
+RouteRequest = Callable[[bytes | None, bool, str | None], Routing]  # (body, explain, objective)
 ErrorSink = Callable[[PickerError], None]
 Clock = Callable[[], float]
 
@@ -62,6 +64,7 @@ class Phase(enum.Enum):
     ROUTED = "routed"
     DONE = "done"  # the response ended too
     FAILED = "failed"
+    ANSWERED = "answered"  # the picker answered the request itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,9 @@ class StreamSettings:
     destination_header: str
     metadata_namespace: str
     explain_header: str | None = None  # lower case, as Envoy sends header names
+    objective_header: str = "x-gateway-inference-objective"
+    # The answer to GET /v1/models: the model names clients send (None: a pod answers, as for any GET).
+    models_listing: bytes | None = None
 
 
 class RequestLog(logging.LoggerAdapter[logging.Logger]):
@@ -110,6 +116,7 @@ class RequestStream:
         self._response_bytes = 0
         self._usage: UsageScanner | None = None
         self._explain = False
+        self._objective: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -120,7 +127,7 @@ class RequestStream:
         if message.HasField("protocol_config"):
             self._body_mode = message.protocol_config.request_body_mode
             self._response_body_mode = message.protocol_config.response_body_mode
-        if self.phase is Phase.FAILED:
+        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
             return []
         kind = message.WhichOneof("request")
         if kind == "request_headers":
@@ -147,7 +154,12 @@ class RequestStream:
         self.log = RequestLog(log, {"request_id": self.request_id})
         explain_header = self._settings.explain_header
         self._explain = explain_header is not None and _header(headers, explain_header) is not None
+        self._objective = _header(headers, self._settings.objective_header)
         if headers.end_of_stream:
+            listing = self._settings.models_listing
+            if listing is not None and _is_models_list(headers):
+                self.phase = Phase.ANSWERED
+                return [responses.immediate(200, listing, details="pointsman_models")]
             return self._decide(None)
         self.phase = Phase.BODY
         if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
@@ -185,7 +197,7 @@ class RequestStream:
 
     def _decide(self, body: bytes | None, chunks: int = 1) -> list[pb.ProcessingResponse]:
         try:
-            routing = self._route(body, self._explain)
+            routing = self._route(body, self._explain, self._objective)
         except PickerError as exc:
             return self._fail(exc)
         except Exception:
@@ -272,6 +284,7 @@ class RequestStream:
             Completion(
                 model=routing.model,
                 target=routing.target,
+                priority=routing.priority,
                 status=self._status,
                 duration=duration,
                 request_bytes=len(routing.body) if routing.body is not None else 0,
@@ -292,6 +305,11 @@ class RequestStream:
         )
         self._on_error(error)
         return [responses.error_response(error, self._settings.explain_header if self._explain else None)]
+
+
+def _is_models_list(headers: pb.HttpHeaders) -> bool:
+    path = (_header(headers, ":path") or "").split("?", 1)[0].rstrip("/")
+    return path == MODELS_PATH and _header(headers, ":method") == "GET"
 
 
 def _header(headers: pb.HttpHeaders, name: str) -> str | None:

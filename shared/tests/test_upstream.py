@@ -1,0 +1,140 @@
+"""The upstream endpoint picker's flags and EndpointPickerConfig, as Pointsman config."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from pointsman_shared import upstream
+from pointsman_shared.config import ConfigError
+
+DATA = Path(__file__).parent / "data" / "upstream"
+# The args upstream's chart (GIE v1.5.0 epplib _deployment.yaml) gives the picker, for a vLLM pool.
+UPSTREAM_ARGS = [
+    "--pool-name", "vllm-llama3-8b-instruct",
+    "--pool-namespace", "default",
+    "--pool-group", "inference.networking.k8s.io",
+    "--zap-encoder", "json",
+    "--config-file", str(DATA / "default-plugins.yaml"),
+    "--tracing=false",
+    "--metrics-endpoint-auth=false",
+    "-v", "1",
+]  # fmt: skip
+
+
+def parse(argv: list[str], metrics_field: str = "picker.metricsListen") -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    upstream.add_flags(parser, metrics_field=metrics_field)
+    return parser.parse_args(argv)
+
+
+def test_an_upstream_deployment_s_args_parse_and_name_the_pool():
+    args = parse(UPSTREAM_ARGS)
+    assert args.config == str(DATA / "default-plugins.yaml")
+    assert upstream.overrides(args) == {
+        "pool": {
+            "name": "vllm-llama3-8b-instruct",
+            "kubernetes": {"namespace": "default", "apiVersion": "inference.networking.k8s.io/v1"},
+        }
+    }
+    assert upstream.ignored(args) == [
+        "--zap-encoder is accepted and not used: logs are text lines",
+        "--tracing is accepted and not used: no tracing",
+        "--metrics-endpoint-auth is accepted and not used: the metrics port needs no token",
+    ]
+    assert upstream.log_level(args, "info") == "INFO"
+
+
+@pytest.mark.parametrize(
+    ("argv", "metrics_field", "expected"),
+    [
+        (["--grpc-port", "9102"], "picker.metricsListen", {"picker": {"listen": 9102}}),
+        (["--grpc-health-port", "9103"], "picker.metricsListen", {"picker": {"healthListen": 9103}}),
+        (["--metrics-port", "9190"], "picker.metricsListen", {"picker": {"metricsListen": 9190}}),
+        (["--metrics-port", "9190"], "collector.listen", {"collector": {"listen": 9190}}),
+        (
+            ["--pool-group", "inference.networking.x-k8s.io"],
+            "picker.metricsListen",
+            {"pool": {"kubernetes": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"}}},
+        ),
+        (["--ha-enable-leader-election"], "picker.metricsListen", {}),
+    ],
+)
+def test_each_alias_sets_its_field(argv, metrics_field, expected):
+    assert upstream.overrides(parse(argv, metrics_field)) == expected
+
+
+@pytest.mark.parametrize("argv", [["--grpc-port", "0"], ["--grpc-port", "70000"], ["--pool-group", "x"]])
+def test_bad_values_are_refused(argv):
+    with pytest.raises(SystemExit):
+        parse(argv)
+
+
+@pytest.mark.parametrize(
+    ("verbosity", "level"), [(None, "WARNING"), ("1", "INFO"), ("3", "INFO"), ("4", "DEBUG")]
+)
+def test_verbosity_maps_to_a_log_level(verbosity, level):
+    args = parse(["-v", verbosity] if verbosity else [])
+    assert upstream.log_level(args, "warning") == level
+
+
+def test_a_bare_port_keeps_the_host_of_the_listen_address():
+    doc = {"picker": {"listen": "127.0.0.1:9002", "server": "native"}}
+    merged = upstream.with_overrides(doc, {"picker": {"listen": 9102, "healthListen": 9103}})
+    assert merged == {
+        "picker": {"listen": "127.0.0.1:9102", "healthListen": "0.0.0.0:9103", "server": "native"}
+    }
+    assert doc == {"picker": {"listen": "127.0.0.1:9002", "server": "native"}}  # not changed in place
+
+
+def test_nested_sections_merge():
+    doc = {"pool": {"name": "p", "kubernetes": {"namespace": "a", "kubeconfig": "/k"}}}
+    merged = upstream.with_overrides(doc, {"pool": {"kubernetes": {"namespace": "b"}}})
+    assert merged["pool"] == {"name": "p", "kubernetes": {"namespace": "b", "kubeconfig": "/k"}}
+
+
+def test_upstream_s_default_plugins_become_a_scorer_profile(tmp_path):
+    config, warnings = upstream.load(DATA / "default-plugins.yaml", extra={}, environ={})
+    assert [(p.type, p.ref) for p in config.plugins] == [
+        ("queue-scorer", "queue-scorer"),
+        ("kv-cache-scorer", "kv-cache-utilization-scorer"),
+    ]
+    [profile] = config.profiles
+    assert (profile.name, config.picker.profile) == ("default", "default")
+    assert [(e.plugin_ref, e.weight) for e in profile.plugins] == [
+        ("queue-scorer", 2),
+        ("kv-cache-utilization-scorer", 2),
+    ]
+    assert len(warnings) == 3
+    assert "plugins[2] prefix-cache-scorer is left out" in warnings[0]
+
+
+def test_flags_and_environment_apply_on_top_of_an_endpoint_picker_config():
+    config, _ = upstream.load(
+        DATA / "default-plugins.yaml",
+        extra={"pool": {"name": "from-flags"}, "picker": {"listen": 9102}},
+        environ={"REDIS_URL": "redis://redis.example:6379/0"},
+    )
+    assert (config.pool.name, config.picker.listen, config.redis.url) == (
+        "from-flags",
+        "0.0.0.0:9102",
+        "redis://redis.example:6379/0",
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "path"),
+    [
+        ({"plugins": [{"type": "no-such-scorer"}]}, "plugins[0].type"),
+        ({"plugins": "queue-scorer"}, "plugins"),
+        ({"schedulingProfiles": [{"name": "p", "plugins": 3}]}, "schedulingProfiles[0].plugins"),
+        ({"featureGates": []}, "featureGates"),
+    ],
+)
+def test_what_cannot_be_translated_is_refused_naming_the_path(doc, path):
+    with pytest.raises(ConfigError) as caught:
+        upstream.from_endpoint_picker_config({"kind": "EndpointPickerConfig", **doc}, "epp.yaml")
+    assert caught.value.problems[0][0] == path
