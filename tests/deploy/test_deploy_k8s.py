@@ -319,8 +319,13 @@ def _object_name(model_name: str) -> str:
 def test_the_inference_objectives_are_the_config_s_models() -> None:
     config = _pointsman_config(_objects("base"))
     objectives = _objects("overlays/inference-objectives")
-    declared = {o["metadata"]["name"]: o["spec"].get("priority", 0) >= 0 for o in objectives}
-    assert declared == {_object_name(m.model_name): m.critical for m in config.models}
+    declared = {o["metadata"]["name"]: o["spec"].get("priority", 0) for o in objectives}
+    # The picker reads the objectives from its config: the same names and priorities ...
+    assert declared == {o.name: o.priority for o in config.objectives}
+    # ... one per model, as sheddable as the model is.
+    assert {_object_name(m.model_name): m.critical for m in config.models} == {
+        name: priority >= 0 for name, priority in declared.items()
+    }
     pools = {(o["spec"]["poolRef"].get("group"), o["spec"]["poolRef"]["name"]) for o in objectives}
     assert pools == {("inference.networking.k8s.io", config.pool.name)}
     assert {o["kind"] for o in objectives} == {"InferenceObjective"}
