@@ -353,18 +353,25 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     return parse_config(load_document(path), source=str(path), environ=environ)
 
 
-def load_document(path: str | Path) -> dict[str, Any] | None:
-    """The YAML mapping in ``path`` (``None`` for an empty file), or :class:`ConfigError`."""
+def load_document(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in ``path``, or :class:`ConfigError`: unreadable, not UTF-8, not YAML, not a
+    mapping, or empty (a truncating editor or ``> file`` leaves nothing: that is not "every default")."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(source, [("", f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [("", f"not UTF-8: byte {exc.start} is {raw[exc.start]:#04x}")]) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, [("", f"not valid YAML: {exc}")]) from None
-    if doc is not None and not isinstance(doc, dict):
+    if doc is None:
+        raise ConfigError(source, [("", "the file is empty (at least `kind: PointsmanConfig`)")])
+    if not isinstance(doc, dict):
         raise ConfigError(source, [("", "the document must be a mapping")])
     return doc
 

@@ -197,7 +197,7 @@ def load(
 ) -> tuple[PointsmanConfig, list[str]]:
     """The config in ``path`` (Pointsman's, or an upstream EndpointPickerConfig) with the flags'
     ``extra`` fields and the environment's overrides; and the warnings of its translation."""
-    doc: dict[str, Any] = load_document(path) or {}
+    doc = load_document(path)
     warnings: list[str] = []
     if doc.get("kind") == ENDPOINT_PICKER_KIND:
         doc, warnings = from_endpoint_picker_config(doc, str(path))

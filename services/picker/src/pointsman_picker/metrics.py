@@ -153,6 +153,12 @@ class PickerMetrics:
             "inference_objective_output_tokens", output_tokens, OUTPUT_TOKEN_BUCKETS
         )
         # The label children's bound inc methods, by the arguments of routed and failed.
+        self.config_reloads = Counter(
+            "pointsman_picker_config_reloads",
+            "Changes of the config file loaded while running, by result (applied, refused).",
+            ["result"],
+            registry=registry,
+        )
         self._routed: dict[tuple[str, str, int, str, str], tuple[Callable[[], None], ...]] = {}
         self._failed: dict[tuple[str, str, str, str, str], tuple[Callable[[], None], ...]] = {}
         self._running: dict[str, Gauge] = {}
@@ -186,6 +192,9 @@ class PickerMetrics:
         if child is None:
             child = self._running[model] = self.running_requests.labels(model)
         return child
+
+    def config_reload(self, result: str) -> None:
+        self.config_reloads.labels(result).inc()
 
     def scheduled(self, seconds: float) -> None:
         self.scheduler_duration.observe(seconds)

@@ -281,7 +281,7 @@ async def serve(
     gc.freeze()
     watch: asyncio.Task[None] | None = None
     if config_path is not None:
-        watcher = ConfigWatcher(config_path, load, app.reconfigure)
+        watcher = ConfigWatcher(config_path, load, app.reconfigure, on_result=app.metrics.config_reload)
         watch = asyncio.create_task(watcher.run(), name="config")
     await stopping.wait()
     log.info("signal received, shutting down")
