@@ -16,7 +16,8 @@ from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts
 from pointsman_shared.config import THRESHOLD_ENV, load_config
 
 CONFIG = REPO / "config/local.yaml"
-# One request per outcome the dashboards chart: routed (critical and sheddable) and unknown model.
+# One request per outcome the dashboards chart: routed (critical and sheddable) and a model no config entry
+# names (passed through: the pod answers 404).
 REQUESTS = ("tweet-summary", "sql-lora-sheddable", "no-such-model")
 
 
