@@ -25,8 +25,8 @@ $(STAMP): requirements/runtime.txt requirements/dev.txt $(foreach p,$(PACKAGES),
 
 install: $(STAMP) ## create .venv with every package pinned and the console scripts in .venv/bin
 
-run: install ## start the local stack in the foreground (Ctrl-C stops it)
-	$(BIN)/pointsman-stack --config $(CONFIG)
+run: install ## start the local stack in the foreground (Ctrl-C stops it); STACK_ARGS=--no-docker etc.
+	$(BIN)/pointsman-stack --config $(CONFIG) $(STACK_ARGS)
 
 lint: install ## ruff (format check + lint), the layer contracts (import-linter) and mypy
 	$(BIN)/ruff format --check .
@@ -47,6 +47,8 @@ prometheus: ## Debian's prometheus (PROMETHEUS_DEB) for the dashboard checks, in
 	@# The package's postinst would start a daemon on :9090, the picker's metrics port in config/local.yaml:
 	@# a policy-rc.d answering 101 holds it for the install, and a daemon started anyway is stopped and
 	@# disabled. No recommends: prometheus-node-exporter would take :9100, the collector's port.
+	@if ! command -v prometheus >/dev/null && { [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; }; then \
+		echo "make prometheus: no prometheus on PATH, and no root apt-get to install it: the dashboard tests will fail" >&2; fi
 	command -v prometheus >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { \
 		policy=/usr/sbin/policy-rc.d; made=; \
 		[ -e $$policy ] || { printf '#!/bin/sh\nexit 101\n' >$$policy && chmod +x $$policy && made=1; }; \

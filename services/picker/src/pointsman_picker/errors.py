@@ -7,7 +7,7 @@ Each error carries the HTTP status Envoy answers with, upstream's canonical erro
 
     PickerError
     ├── BadRequest      400  body not JSON, ``model`` missing or not a string
-    ├── UnknownModel    404  no InferenceModel for ``model``
+    ├── UnknownModel    404  no InferenceModel for ``model`` (with picker.passthroughUnknownModels off)
     ├── BodyTooLarge    413  body over ``picker.maxBodyBytes``
     ├── NoCapacity      429  the scheduler dropped a sheddable request
     ├── NoEndpoints     503  no pod, or no snapshot under FailClose

@@ -74,7 +74,7 @@ class PodOverrides(EngineOverrides):
 class FleetSpec(_Model):
     pods: int = Field(default=8, ge=1, le=1024)
     profile: str = "llama-3.1-8b-h100"
-    """A simulator engine profile (``pointsman-sim --list-profiles``)."""
+    """A simulator engine profile (``pointsman-sim --profile``'s choices)."""
     engine: EngineOverrides = EngineOverrides()
     per_pod: tuple[PodOverrides, ...] = ()
 
