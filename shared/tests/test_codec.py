@@ -1,14 +1,16 @@
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import orjson
 import pytest
+from test_snapshot import every_field_set, slots
 
 from pointsman_shared.codec import (
     CODEC_VERSION,
     CodecError,
     PoolEncoder,
+    _writer,
     decode_pool,
     encode_pod,
     encode_pool,
@@ -41,9 +43,35 @@ POOL = PoolSnapshot(
 )
 
 
+# POOL's blob as codec 2 writes it: what pickers of every version since read, byte for byte.
+CODEC_2_BLOB = (
+    b'{"codec":2,"pool":"p","publishedAt":1764000000.25,"pods":[{"address":"10.0.0.1:8000","waiting":3,'
+    b'"running":2,"kv":0.5,"maxLora":4,"runningAdapters":["a","b"],"waitingAdapters":["c"],'
+    b'"updatedAt":1764000000.0,"healthy":true,"reason":"","fieldTimes":{"waiting":1764000000.0,'
+    b'"running":1764000000.0,"kv":1763999999.5,"lora":1763999990.0}},{"address":"[::1]:8001","waiting":0,'
+    b'"running":0,"kv":0.0,"maxLora":0,"runningAdapters":[],"waitingAdapters":[],"updatedAt":0.0,'
+    b'"healthy":false,"reason":"timeout","fieldTimes":{"waiting":0.0,"running":0.0,"kv":0.0,"lora":0.0}}]}'
+)
+
+
+def test_the_blob_is_codec_2_byte_for_byte() -> None:
+    # A field added to the snapshot changes these bytes: then bump CODEC_VERSION (codec.py's docstring).
+    assert encode_pool(POOL) == CODEC_2_BLOB
+    assert PoolEncoder().pool(POOL) == CODEC_2_BLOB
+    assert decode_pool(CODEC_2_BLOB, 7) == POOL
+
+
 def test_round_trip_keeps_every_field() -> None:
     assert decode_pool(encode_pool(POOL), 7) == POOL
     assert decode_pool(encode_pool(POOL), 7).pods[0].active_adapters == {"a", "b", "c"}
+
+
+def test_round_trip_carries_every_field_of_the_snapshot_types() -> None:
+    # Made from the field list: a field the codec does not write or read fails here.
+    pool = replace(POOL, pods=(every_field_set(),))
+    (got,) = decode_pool(encode_pool(pool), 7).pods
+    assert slots(got) == slots(pool.pods[0])
+    assert slots(got.field_times) == slots(pool.pods[0].field_times)
 
 
 def test_encoding_is_deterministic() -> None:
@@ -68,6 +96,8 @@ def _blob(**changes: object) -> bytes:
         (_blob(publishedAt=True), "mistypes"),
         (_blob(codec=True), "not supported"),
         (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "fieldTimes": None}]), "mistypes"),
+        (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "healthy": 1}]), "mistypes"),
+        (_blob(pods=["10.0.0.1:8000"]), "mistypes"),
     ],
     ids=[
         "not json",
@@ -79,6 +109,8 @@ def _blob(**changes: object) -> bytes:
         "bool time",
         "bool codec",
         "no field times in codec 2",
+        "number for health",
+        "pod not an object",
     ],
 )
 def test_bad_blobs_are_refused(data: bytes, message: str) -> None:
@@ -87,6 +119,21 @@ def test_bad_blobs_are_refused(data: bytes, message: str) -> None:
 
 
 def test_pod_to_dict_is_the_api_shape() -> None:
+    # Key order as well: the API's JSON is the same bytes as before the codec was made from the fields.
+    assert list(pod_to_dict(POOL.pods[0])) == [
+        "address",
+        "waiting",
+        "running",
+        "kvCacheUsage",
+        "maxLora",
+        "runningAdapters",
+        "waitingAdapters",
+        "activeAdapters",
+        "updatedAt",
+        "healthy",
+        "reason",
+        "fieldTimes",
+    ]
     assert pod_to_dict(POOL.pods[0]) == {
         "address": "10.0.0.1:8000",
         "waiting": 3,
@@ -145,3 +192,12 @@ def test_pool_encoder_bytes_are_encode_pools_and_a_kept_pod_is_not_encoded_again
 def test_pool_encoder_pool_names(name: str) -> None:
     pool = replace(POOL, pool=name)
     assert PoolEncoder().pool(pool) == encode_pool(pool)
+
+
+def test_a_field_of_a_type_the_codec_cannot_carry_fails_when_the_codec_is_made() -> None:
+    @dataclass(frozen=True, slots=True)
+    class WithList:
+        ports: list[int]
+
+    with pytest.raises(TypeError, match=r"WithList.ports is a list\[int\], which the codec cannot carry"):
+        _writer(WithList, str)

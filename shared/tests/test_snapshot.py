@@ -1,8 +1,53 @@
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any, get_type_hints
+
 import pytest
 
-from pointsman_shared.snapshot import PodSnapshot, is_fresh
+from pointsman_shared.snapshot import PodSnapshot, is_fresh, replace_waiting, replacer
+
+# For each type of field, a value unlike its default; the field's position makes it unlike the others'.
+VALUES: dict[object, Callable[[int], object]] = {
+    int: lambda i: 7 + i,
+    float: lambda i: 0.25 + i,
+    str: lambda i: f"set-{i}",
+    frozenset[str]: lambda i: frozenset({f"set-{i}"}),
+}
+
+
+def every_field_set(cls: Any = PodSnapshot) -> Any:
+    """A ``cls`` whose every field is away from its default and unlike the others, made from the field
+    list: a field added to a snapshot type is in it (one of a new type fails here until VALUES has it)."""
+    hints = get_type_hints(cls)
+    values: dict[str, object] = {}
+    for i, f in enumerate(dataclasses.fields(cls)):
+        kind = hints[f.name]
+        if not f.init:
+            continue
+        if dataclasses.is_dataclass(kind):
+            values[f.name] = every_field_set(kind)
+        elif kind is bool:
+            values[f.name] = not f.default
+        else:
+            values[f.name] = VALUES[kind](i)
+    return cls(**values)
+
+
+def slots(obj: object) -> list[object]:
+    """Every slot's value, the fields left out of == (active_adapters) too."""
+    return [getattr(obj, name) for name in type(obj).__slots__]  # type: ignore[attr-defined]
+
+
+INIT_FIELDS = [f.name for f in dataclasses.fields(PodSnapshot) if f.init]
+
+
+def test_every_field_set_leaves_no_field_at_its_default() -> None:
+    pod = every_field_set()
+    for f in dataclasses.fields(PodSnapshot):
+        if f.init and f.default is not dataclasses.MISSING:
+            assert getattr(pod, f.name) != f.default, f.name
 
 
 def test_active_adapters_is_the_union() -> None:
@@ -15,3 +60,37 @@ def test_active_adapters_is_the_union() -> None:
 )
 def test_is_fresh(updated_at: float, now: float, fresh: bool) -> None:
     assert is_fresh(PodSnapshot("a:1", updated_at=updated_at), now, max_age=2.0) is fresh
+
+
+def test_replace_waiting_carries_every_other_field() -> None:
+    pod = every_field_set()
+    copy = replace_waiting(pod, 99)
+    assert type(copy) is PodSnapshot
+    assert slots(copy) == slots(dataclasses.replace(pod, waiting=99))
+
+
+@pytest.mark.parametrize("name", INIT_FIELDS)
+def test_a_replacer_is_dataclasses_replace(name: str) -> None:
+    before, other = PodSnapshot("a:1", running_adapters=frozenset({"r"})), every_field_set()
+    value = getattr(other, name)
+    got, want = replacer(name)(before, value), dataclasses.replace(before, **{name: value})
+    assert slots(got) == slots(want)
+    assert hash(got) == hash(want)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.waiting = 9  # type: ignore[misc]
+
+
+def test_a_replacer_of_several_fields_works_the_adapter_union_out_again() -> None:
+    before = PodSnapshot("a:1", running_adapters=frozenset({"r"}), waiting_adapters=frozenset({"w"}))
+    got = replacer("waiting_adapters", "waiting")(before, frozenset({"x"}), 3)
+    assert (got.waiting, got.active_adapters) == (3, {"r", "x"})
+
+
+@pytest.mark.parametrize(
+    "names",
+    [(), ("nope",), ("waiting", "waiting"), ("active_adapters",)],
+    ids=["none", "unknown", "twice", "derived"],
+)
+def test_a_replacer_takes_distinct_fields_that_are_arguments(names: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match="distinct PodSnapshot fields"):
+        replacer(*names)

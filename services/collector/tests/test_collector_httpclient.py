@@ -9,6 +9,7 @@ from pointsman_collector.httpclient import INITIAL_BUFFER, HttpClient, Response
 from pointsman_devstack.ports import free_port
 
 PAGE = b"vllm:num_requests_waiting 3\n" * 100  # 2.8 KB
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
 async def get(client: HttpClient) -> Response:
@@ -96,6 +97,8 @@ async def test_pages_larger_than_the_buffer_then_smaller_ones_come_whole(
         ({"raw": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY"}, "protocol"),
         ({"raw": b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n"}, "protocol"),
         ({"raw": b"HTTP/1.1 200 OK\r\nContent-"}, "protocol"),
+        ({"raw": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc"}, "protocol"),
+        ({"raw": CHUNKED + (b"1;" + b"e" * 4000 + b"\r\nx\r\n") * 20}, "too_large"),
     ],
     ids=[
         "500",
@@ -112,6 +115,8 @@ async def test_pages_larger_than_the_buffer_then_smaller_ones_come_whole(
         "chunk without CRLF",
         "header without colon",
         "head cut short",
+        "two content-lengths",
+        "chunks in long extensions over the buffer's cap",
     ],
 )
 async def test_failures_have_a_reason_and_the_next_request_reconnects(
@@ -180,3 +185,39 @@ async def test_sends_one_plain_get_with_the_host_header() -> None:
         f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: pointsman-collector\r\n"
         "Accept: text/plain\r\n\r\n".encode()
     ]
+
+
+async def test_bytes_nobody_asked_for_drop_the_idle_connection_before_they_fill_memory() -> None:
+    # A server that keeps sending after its response: the buffer stops at its cap (MAX_HEAD and twice
+    # max_body) and the next request goes out on a fresh connection.
+    flooded = asyncio.Event()
+    connections = 0
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            if connections == 1:
+                for _ in range(64):
+                    writer.write(b"x" * 16 * 1024)  # 1 MB in all
+                    await writer.drain()
+                await reader.read()  # until the client drops the connection
+                flooded.set()
+        except ConnectionError:
+            flooded.set()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(flood, "127.0.0.1", 0)
+    client = HttpClient("127.0.0.1", server.sockets[0].getsockname()[1], timeout=1.0, max_body=1000)
+    try:
+        assert (await get(client)).body == b"ok"
+        await asyncio.wait_for(flooded.wait(), 2.0)
+        assert (await get(client)).body == b"ok"
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert connections == 2

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from pointsman_collector.errors import PUBLISH_REASONS, SCRAPE_REASONS
-from pointsman_collector.metrics import CollectorMetrics, PlainHistogram, ShareCollector
+from pointsman_collector.metrics import CollectorMetrics, ShareCollector
 from pointsman_collector.sharing import Share, owner
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
@@ -94,41 +94,6 @@ def test_collector_series_are_exposed(setup) -> None:
     assert value(registry, "pointsman_collector_scrape_errors_total", reason="timeout") == 1
     assert value(registry, "pointsman_collector_publish_duration_seconds_count") == 1
     assert value(registry, "pointsman_collector_snapshot_version") == 42
-
-
-@pytest.mark.parametrize(
-    "observations",
-    [
-        [],
-        [0.002],
-        # On a bound, between bounds, below the first, above the last, zero, repeats.
-        [0.001, 0.0011, 0.0001, 0.0, 3.0, 1.0, 2.5, 0.0005, 0.3, 0.3, 0.3, 0.02],
-    ],
-)
-def test_plain_histogram_exposes_what_prometheus_clients_histogram_does(observations) -> None:
-    buckets = (0.0005, 0.001, 0.0025, 0.01, 0.5, 1.0, 2.5)
-    ours, theirs = CollectorRegistry(), CollectorRegistry()
-    plain = PlainHistogram("h_seconds", "Help text.", buckets=buckets, registry=ours)
-    reference = Histogram("h_seconds", "Help text.", buckets=buckets, registry=theirs)
-    for amount in observations:
-        plain.observe(amount)
-        reference.observe(amount)
-    plain._created = reference._created  # the one value that differs
-    assert generate_latest(ours) == generate_latest(theirs)
-    assert generate_latest(ours).count(b"h_seconds_bucket") == len(buckets) + 1
-
-
-def test_plain_histogram_name_clashes_are_caught_at_registration() -> None:
-    registry = CollectorRegistry()
-    PlainHistogram("h_seconds", "Help.", buckets=(1.0,), registry=registry)
-    with pytest.raises(ValueError, match="Duplicated"):
-        Histogram("h_seconds", "Help.", buckets=(1.0,), registry=registry)
-
-
-@pytest.mark.parametrize("buckets", [(), (1.0, 0.5), (-1.0, 1.0)])
-def test_plain_histogram_refuses_bad_buckets(buckets) -> None:
-    with pytest.raises(ValueError, match="buckets"):
-        PlainHistogram("h_seconds", "Help.", buckets=buckets, registry=CollectorRegistry())
 
 
 PODS = tuple(f"10.0.0.{i}:1" for i in range(40))

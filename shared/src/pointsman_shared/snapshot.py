@@ -1,8 +1,14 @@
-"""The one snapshot type: what Pointsman knows about a model-server pod, frozen."""
+"""The one snapshot type: what Pointsman knows about a model-server pod, frozen.
+
+Each field is declared once, here: the codec (``pointsman_shared.codec``) and :func:`replacer` are made
+from ``dataclasses.fields``, so a field added to a type below is carried by both.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,15 +36,51 @@ class PodSnapshot:
     max_lora: int = 0
     running_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()
+    # Derived from the two above, once here: the picker tests membership for every pod of every request.
+    active_adapters: frozenset[str] = field(init=False, compare=False)
     updated_at: float = 0.0
     healthy: bool = True
     reason: str = ""  # why the pod is unhealthy; empty while healthy
     field_times: FieldTimes = FieldTimes()
-    active_adapters: frozenset[str] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Derived once here: the picker tests membership for every pod of every request.
         object.__setattr__(self, "active_adapters", self.running_adapters | self.waiting_adapters)
+
+
+# What __post_init__ derives the fields that are not arguments from: a copy that changes none of these
+# takes the derived fields over instead of working them out again.
+_DERIVED_FROM = frozenset({"running_adapters", "waiting_adapters"})
+
+
+def replacer(*names: str) -> Callable[..., PodSnapshot]:
+    """A fast ``dataclasses.replace`` of the pod fields ``names``: ``replacer(*names)(pod, *values)`` is
+    ``replace(pod, **dict(zip(names, values)))``.
+
+    Made from the field list as straight-line code that sets each slot through its own descriptor, as
+    dataclasses makes ``__init__``: 0.6 µs a copy where the constructor takes 1.3 and ``replace`` 3.0
+    (the frozen ``__init__`` sets each field through ``object.__setattr__``). The picker copies a pod
+    with another ``waiting`` per decision.
+    """
+    arguments = [f.name for f in fields(PodSnapshot) if f.init]
+    if not names or len(set(names)) != len(names) or not set(names) <= set(arguments):
+        raise ValueError(f"replacer takes distinct PodSnapshot fields among {arguments}, not {names}")
+    lines = [f"def replace(pod, {', '.join(names)}):", "    new = _new(PodSnapshot)"]
+    lines += [f"    set_{name}(new, {name if name in names else 'pod.' + name})" for name in arguments]
+    if _DERIVED_FROM.isdisjoint(names):
+        derived = [f.name for f in fields(PodSnapshot) if not f.init]
+        lines += [f"    set_{name}(new, pod.{name})" for name in derived]
+    else:
+        lines.append("    new.__post_init__()")
+    lines.append("    return new")
+    namespace: dict[str, Any] = {"_new": object.__new__, "PodSnapshot": PodSnapshot}
+    namespace |= {f"set_{f.name}": PodSnapshot.__dict__[f.name].__set__ for f in fields(PodSnapshot)}
+    exec("\n".join(lines), namespace)  # the names are the type's own fields, checked above
+    replace: Callable[..., PodSnapshot] = namespace["replace"]
+    return replace
+
+
+# The picker's copy of a pod with its own count of the requests it sent there.
+replace_waiting: Callable[[PodSnapshot, int], PodSnapshot] = replacer("waiting")
 
 
 @dataclass(frozen=True, slots=True)
