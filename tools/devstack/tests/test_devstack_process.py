@@ -108,3 +108,23 @@ def _wait_for_line(process: ManagedProcess, prefix: str, timeout: float = 10) ->
                 return line
         time.sleep(0.01)
     raise AssertionError(f"no line starting with {prefix!r}: {process.tail()}")
+
+
+def test_a_hurried_stop_does_not_wait_out_the_grace(tmp_path: Path) -> None:
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up'); time.sleep(60)"
+    process = _python(tmp_path, code)
+    _wait_for_line(process, "up")
+    calls = iter([False, False, True])
+    started = time.monotonic()
+    process.stop(grace=30, hurry=lambda: next(calls, True))
+    assert process.returncode == -9
+    assert time.monotonic() - started < 5
+
+
+def test_kill_is_a_sigkill_now(tmp_path: Path) -> None:
+    process = _python(tmp_path, "import time; print('up'); time.sleep(60)")
+    _wait_for_line(process, "up")
+    process.kill()
+    assert process.returncode == -9
+    process.kill()
+    process.stop(grace=1)  # both idempotent, together too

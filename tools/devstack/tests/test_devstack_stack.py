@@ -127,3 +127,38 @@ def test_stop_before_start_is_harmless(tmp_path: Path) -> None:
     stack.stop()
     assert stack.pod_addresses == ("127.0.0.1:11", "127.0.0.1:12")
     assert stack.gateway_url == "http://127.0.0.1:1"
+
+
+def test_collector_replicas_share_the_pool_each_on_its_port() -> None:
+    ports = StackPorts(
+        gateway=1,
+        envoy_admin=2,
+        pods=(11, 12),
+        collector=3,
+        picker=4,
+        picker_health=5,
+        picker_metrics=6,
+        more_collectors=(7, 8),
+    )
+    assert ports.collectors == (3, 7, 8)
+    assert ("collector 3 HTTP", 8) in ports.table()
+    doc = derive_config(_config(), ports, "redis://127.0.0.1:7777/0", "127.0.0.1")
+    assert parse_config(doc).collector.sharing
+    assert not parse_config(derive_config(_config(), PORTS, "redis://x:1/0", "127.0.0.1")).collector.sharing
+
+
+def test_free_ports_for_replicas_are_distinct() -> None:
+    ports = StackPorts.free(2, picker_replicas=2, collector_replicas=3)
+    every = [port for _, port in ports.table()]
+    assert len(ports.more_collectors) == 2
+    assert len(every) == len(set(every))
+
+
+def test_an_unknown_process_is_named_with_the_ones_there_are(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("pool: {endpoints: ['127.0.0.1:8001', '127.0.0.1:8002']}\nmodels: [{modelName: base}]\n")
+    stack = Stack(StackOptions(config_path=path, run_dir=tmp_path / "run", ports=PORTS))
+    with pytest.raises(StackError, match=r"no process 'sim-7'; the stack runs \[\]"):
+        stack.process("sim-7")
+    with pytest.raises(StackError, match="no process 'picker'"):
+        stack.restart("picker")

@@ -1,4 +1,8 @@
-"""``pointsman-stack``: run the local stack in the foreground until Ctrl-C or SIGTERM."""
+"""``pointsman-stack``: run the local stack in the foreground until Ctrl-C, SIGTERM or SIGHUP.
+
+Stop signals: :mod:`pointsman_devstack.signals`. The children die with this process if it is killed:
+:mod:`pointsman_devstack.lifeline`. Their PIDs are in ``<run dir>/pids.json``.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,15 @@ from typing import TextIO
 
 from pointsman_devstack import envoy
 from pointsman_devstack.envoy import EnvoyNotFound
-from pointsman_devstack.errors import StackError
+from pointsman_devstack.errors import StackCancelled, StackError
 from pointsman_devstack.ports import free_port
 from pointsman_devstack.redis_server import RedisUnavailable
+from pointsman_devstack.signals import StopSignals
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts, default_run_dir
 from pointsman_shared.config import ConfigError, PointsmanConfig, load_config
+
+# How often the running stack looks for a stop signal and for a process that died on its own.
+WATCH_INTERVAL = 0.1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,28 +89,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pointsman-stack: {exc}", file=sys.stderr)
         return 2
 
-    # SIGTERM stops the stack like Ctrl-C does. During start-up both interrupt the wait at once.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Installed once, before the first child starts, kept until the last one stopped: a signal at any
+    # moment only sets a flag the stack polls, so no signal can cut a start or a stop short.
+    with StopSignals(stack) as signals:
+        return _run(stack, config, signals)
+
+
+def _run(stack: Stack, config: PointsmanConfig, signals: StopSignals) -> int:
     try:
-        stack.start()
-        print(_banner(stack, config), flush=True)
-        # Wake up now and then to notice a process that died on its own.
-        while True:
-            time.sleep(0.5)
-            stack.check()
-    except KeyboardInterrupt:
-        print("\npointsman-stack: stopping", file=sys.stderr, flush=True)
-        return _stop(stack, 0)
+        try:
+            stack.start()
+            print(_banner(stack, config), flush=True)
+            # Wake up now and then to notice a stop signal or a process that died on its own.
+            while not stack.cancelled:
+                time.sleep(WATCH_INTERVAL)
+                stack.check()
+        except StackCancelled:
+            pass
+        name = signal.Signals(signals.received).name if signals.received else "a stop"
+        print(f"\npointsman-stack: {name}: stopping", file=sys.stderr, flush=True)
+        code = 0
     except (StackError, RedisUnavailable, EnvoyNotFound) as exc:
         print(f"pointsman-stack: {exc}", file=sys.stderr, flush=True)
-        return _stop(stack, 1)
-
-
-def _stop(stack: Stack, code: int) -> int:
-    # A second Ctrl-C must not abandon children half-stopped.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stack.stop()
+        code = 1
+    finally:
+        stack.stop()
     return code
 
 

@@ -1,4 +1,5 @@
-"""The one error the stack raises: what failed, and the last lines the failing process wrote."""
+"""What the stack raises: :class:`StackError` (what failed, and the last lines the failing process
+wrote) and :class:`StackCancelled` (a stop was asked for while the stack was starting; not a failure)."""
 
 from __future__ import annotations
 
@@ -14,3 +15,7 @@ class StackError(RuntimeError):
             where = f" ({log_path})" if log_path else ""
             text += f"\n--- last lines of its output{where} ---\n" + "\n".join(log_tail)
         super().__init__(text)
+
+
+class StackCancelled(Exception):
+    """:meth:`Stack.cancel <pointsman_devstack.stack.Stack.cancel>` was called while the stack started."""

