@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pointsman_collector.errors import ScrapeTimeout
+from pointsman_collector.errors import ConnectError, ScrapeTimeout
 from pointsman_collector.loop import Collector, SlotClock
 from pointsman_collector.normalize import HealthPolicy
 from pointsman_collector.scrape import Done
@@ -135,12 +135,21 @@ async def test_three_failures_make_a_pod_unhealthy_and_one_good_scrape_heals_it(
     h = harness()
     h.collector.start(["a"])
     await h.published(lambda pods: pods["a"].healthy)
-    h.scrapers["a"].result = ScrapeTimeout("slow")
-    await h.published(lambda pods: pods["a"].reason == "timeout")
-    assert h.errors("timeout") >= 3
+    h.scrapers["a"].result = ConnectError("refused")
+    await h.published(lambda pods: pods["a"].reason == "connect")
+    assert h.errors("connect") >= 3
     h.scrapers["a"].result = page(waiting=7)
     healed = await h.published(lambda pods: pods["a"].healthy)
     assert healed.pods[0].waiting == 7
+
+
+async def test_one_timeout_makes_a_pod_unhealthy(harness) -> None:
+    h = harness()
+    h.collector.start(["a"])
+    await h.published(lambda pods: pods["a"].healthy)
+    h.scrapers["a"].result = ScrapeTimeout("slow")
+    await h.published(lambda pods: pods["a"].reason == "timeout")
+    assert h.errors("timeout") >= 1
 
 
 async def test_a_pod_with_no_good_scrape_within_the_staleness_window_is_published_stale(harness) -> None:

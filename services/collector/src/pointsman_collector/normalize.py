@@ -24,6 +24,7 @@ from pointsman_shared.snapshot import FieldTimes, PodSnapshot
 
 # Reasons of unhealthy pods besides the scrape error reasons (errors.SCRAPE_REASONS).
 PENDING = "pending"  # not scraped yet
+TIMEOUT = "timeout"  # the scrape reason of an answer later than collector.timeout
 STALE = "stale"  # no good scrape within the staleness window, without a failure to blame
 
 
@@ -106,6 +107,10 @@ def _health(state: PodState, now: float, policy: HealthPolicy) -> tuple[bool, st
         return False, state.error or PENDING
     if state.failures >= policy.max_failures:
         return False, state.error
+    if state.failures and state.error == TIMEOUT:
+        # No answer within collector.timeout: a pod that slow to report is as slow to serve (and waiting
+        # for maxFailures more would keep it in routing for seconds).
+        return False, TIMEOUT
     if now - state.snapshot.updated_at > policy.staleness:
         return False, state.error or STALE
     return True, ""
