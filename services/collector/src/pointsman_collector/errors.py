@@ -72,7 +72,7 @@ class TooLargeError(FetchError):
         super().__init__("too_large", f"body exceeds {limit} bytes")
 
 
-class ProtocolError(FetchError):
+class HttpProtocolError(FetchError):
     """The server broke HTTP/1.1: a bad status line or framing, or the connection dropped mid-response."""
 
     def __init__(self, detail: str) -> None:

@@ -20,8 +20,8 @@ from typing import cast
 from pointsman_collector.errors import (
     ConnectError,
     FetchError,
+    HttpProtocolError,
     HttpStatusError,
-    ProtocolError,
     ScrapeTimeout,
     TooLargeError,
 )
@@ -257,7 +257,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._eof = True
         if self._reply is not None:
             if exc is not None and not (self._reused and not self._size):
-                self._fail(ProtocolError(f"connection failed: {_describe(exc)}"))
+                self._fail(HttpProtocolError(f"connection failed: {_describe(exc)}"))
             else:
                 self._advance()
         if self._closed is not None and not self._closed.done():
@@ -324,11 +324,11 @@ class _Connection(asyncio.BufferedProtocol):
             end = self._buffer.find(_HEAD_END, 0, size)
             if end < 0:
                 if size > MAX_HEAD:
-                    raise ProtocolError("response head too large")
+                    raise HttpProtocolError("response head too large")
                 if self._eof:
                     if self._reused and not size:
                         raise _StaleConnection
-                    raise ProtocolError("connection closed before the response head ended")
+                    raise HttpProtocolError("connection closed before the response head ended")
                 return None
             raw = bytes(self._view[: end + 4])
             if raw != self._raw_head or self._parsed_head is None:
@@ -350,7 +350,7 @@ class _Connection(asyncio.BufferedProtocol):
         elif self._eof:
             return Response(bytes(self._view[self._body_start : size]), head.content_type, keep_alive=False)
         if self._eof:
-            raise ProtocolError("connection closed mid-body")
+            raise HttpProtocolError("connection closed mid-body")
         return None
 
     def _parse_chunked(self, head: _Head) -> Response | None:
@@ -361,15 +361,15 @@ class _Connection(asyncio.BufferedProtocol):
             line_end = buffer.find(_CRLF, pos, filled)
             if line_end < 0:
                 if filled - pos > MAX_CHUNK_LINE:
-                    raise ProtocolError("chunk header too long")
+                    raise HttpProtocolError("chunk header too long")
                 break
             size_line = bytes(buffer[pos:line_end])
             try:
                 size = int(size_line.split(b";", 1)[0], 16)  # a chunk extension may follow ';'
             except ValueError:
-                raise ProtocolError(f"bad chunk size line {size_line[:40]!r}") from None
+                raise HttpProtocolError(f"bad chunk size line {size_line[:40]!r}") from None
             if size < 0:
-                raise ProtocolError("negative chunk size")
+                raise HttpProtocolError("negative chunk size")
             if size == 0:
                 # Trailer fields (nothing here needs them) end with an empty line.
                 if (
@@ -387,12 +387,12 @@ class _Connection(asyncio.BufferedProtocol):
                 self._chunked_total -= size  # counted again when the chunk is complete
                 break
             if buffer[data_end : data_end + 2] != _CRLF:
-                raise ProtocolError("chunk not followed by CRLF")
+                raise HttpProtocolError("chunk not followed by CRLF")
             self._chunks.append(bytes(self._view[line_end + 2 : data_end]))
             pos = data_end + 2
         self._chunk_pos = pos
         if self._eof:
-            raise ProtocolError("connection closed mid-body")
+            raise HttpProtocolError("connection closed mid-body")
         return None
 
 
@@ -413,7 +413,7 @@ def _parse_head(head: bytes) -> _Head:
     lines = head[:-4].split(_CRLF)
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[1].isdigit():
-        raise ProtocolError(f"bad status line {lines[0][:60]!r}")
+        raise HttpProtocolError(f"bad status line {lines[0][:60]!r}")
     keep_alive = parts[0] == b"HTTP/1.1"
     length: int | None = None
     coding: bytes | None = None
@@ -421,12 +421,12 @@ def _parse_head(head: bytes) -> _Head:
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
-            raise ProtocolError(f"bad header line {line[:60]!r}")
+            raise HttpProtocolError(f"bad header line {line[:60]!r}")
         name = name.strip().lower()
         if name == b"content-length":
             value = value.strip()
             if not value.isdigit() or (length is not None and int(value) != length):
-                raise ProtocolError(f"bad Content-Length {value[:20]!r}")  # or one unlike the one before
+                raise HttpProtocolError(f"bad Content-Length {value[:20]!r}")  # or one unlike the one before
             length = int(value)
         elif name == b"content-type":
             content_type = value.strip().lower()
