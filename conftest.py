@@ -6,8 +6,24 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from pointsman_devstack.redis_server import RedisServer, running_redis
+
+# Property tests (the ``*_properties.py`` files): "ci", the default, runs the same examples every time
+# (derandomized, no example database on disk, no deadline to trip on a slow runner) and keeps the whole
+# set to seconds. `pytest --hypothesis-profile=thorough` searches ten times longer, with fresh randomness.
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("thorough", settings.get_profile("ci"), max_examples=1000, derandomize=False)
+settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

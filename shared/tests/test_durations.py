@@ -21,8 +21,25 @@ def test_parse(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "50", "fast", "5 parsecs", "-1s", True])
-def test_refused(text: str | bool) -> None:
+@pytest.mark.parametrize(
+    "text",
+    # None and later: found by test_config_properties (TypeError, OverflowError, or an infinite duration).
+    [
+        "",
+        "50",
+        "fast",
+        "5 parsecs",
+        "-1s",
+        True,
+        None,
+        [],
+        10**400,
+        float("inf"),
+        float("nan"),
+        "9" * 400 + "s",
+    ],
+)
+def test_refused(text: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
 

@@ -92,12 +92,26 @@ def test_lora_series_rules(lines: list[str], expected: LoraState | None) -> None
         ("vllm:num_requests_waiting NaN\n", "value"),
         ("vllm:kv_cache_usage_perc +Inf\n", "value"),
         ("vllm:num_requests_waiting{a=} 1\n", "parse"),
+        # Found by test_model_server_properties: finite engines adding up to +Inf (OverflowError from
+        # round()), and a count the codec cannot write as a 64-bit integer (every publish failed).
+        (
+            'vllm:num_requests_waiting{engine="0"} 1e308\nvllm:num_requests_waiting{engine="1"} 1e308\n',
+            "value",
+        ),
+        ('vllm:kv_cache_usage_perc{engine="0"} 1e308\nvllm:kv_cache_usage_perc{engine="1"} 1e308\n', "value"),
+        ("vllm:num_requests_running 1e19\n", "value"),
     ],
 )
 def test_unusable_values(page: str, reason: str) -> None:
     with pytest.raises(MetricsPageError) as excinfo:
         read_page(page, PRESETS["vllm"])
     assert excinfo.value.reason == reason
+
+
+def test_a_max_lora_too_large_for_a_count_spoils_only_the_lora_series() -> None:
+    page = "vllm:num_requests_waiting 1\n" + _lora("a", "", 1, max_lora="99999999999999999999")
+    got = read_page(page, PRESETS["vllm"])
+    assert (got.waiting, got.lora, got.lora_error) == (1, None, "max_lora")
 
 
 def test_fields_a_page_omits_are_none() -> None:

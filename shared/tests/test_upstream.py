@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pointsman_shared import upstream
-from pointsman_shared.config import ConfigError
+from pointsman_shared.config import ConfigError, parse_config
 
 DATA = Path(__file__).parent / "data" / "upstream"
 # The args upstream's chart (GIE v1.5.0 epplib _deployment.yaml) gives the picker, for a vLLM pool.
@@ -132,9 +132,29 @@ def test_flags_and_environment_apply_on_top_of_an_endpoint_picker_config():
         ({"plugins": "queue-scorer"}, "plugins"),
         ({"schedulingProfiles": [{"name": "p", "plugins": 3}]}, "schedulingProfiles[0].plugins"),
         ({"featureGates": []}, "featureGates"),
+        # Found by test_upstream_properties: each raised TypeError (unhashable, or an int key unsortable).
+        ({"plugins": [{"type": ["queue-scorer"]}]}, "plugins[0].type"),
+        ({"plugins": [{"type": {"a": 1}}]}, "plugins[0].type"),
+        ({1: None, "featureGates": []}, "1"),
     ],
 )
 def test_what_cannot_be_translated_is_refused_naming_the_path(doc, path):
     with pytest.raises(ConfigError) as caught:
         upstream.from_endpoint_picker_config({"kind": "EndpointPickerConfig", **doc}, "epp.yaml")
     assert caught.value.problems[0][0] == path
+
+
+def test_a_plugin_ref_that_is_no_string_is_left_to_the_config_check():
+    # Found by test_upstream_properties: `[...] not in dropped` raised TypeError.
+    doc = {
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "prefix-cache-scorer"}],
+        "schedulingProfiles": [
+            {"name": "p", "plugins": [{"pluginRef": ["x"]}, {"pluginRef": "prefix-cache-scorer"}]}
+        ],
+    }
+    translated, _ = upstream.from_endpoint_picker_config(doc, "epp.yaml")
+    assert translated["profiles"] == [{"name": "p", "plugins": [{"pluginRef": ["x"], "weight": 1}]}]
+    with pytest.raises(ConfigError) as caught:
+        parse_config(translated)
+    assert caught.value.problems[0][0] == "profiles[0].plugins[0].pluginRef"

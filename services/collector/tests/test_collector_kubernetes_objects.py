@@ -125,3 +125,50 @@ def test_pod_table_keys_by_name_and_dedups_ips() -> None:
     assert table.endpoints((8000,)) == ("10.0.0.1:8000", "[fd00::1]:8000")
     table.apply("DELETED", pod("a", "10.0.0.1"))
     assert table.endpoints((8000,)) == ("10.0.0.1:8000", "[fd00::1]:8000")
+
+
+def _with(obj: dict[str, Any], section: str, key: str | None, value: Any) -> dict[str, Any]:
+    obj = {**obj, section: dict(obj[section])}
+    if key is None:
+        obj[section] = value
+    else:
+        obj[section][key] = value
+    return obj
+
+
+# Found by test_collector_kubernetes_properties: each raised AttributeError or TypeError.
+@pytest.mark.parametrize(
+    "obj",
+    [
+        _with(pod("a", "10.0.0.1"), "metadata", None, ["a"]),
+        _with(pod("a", "10.0.0.1"), "metadata", "labels", "app=vllm"),
+        _with(pod("a", "10.0.0.1"), "status", None, "Running"),
+        _with(pod("a", "10.0.0.1"), "status", "conditions", {"type": "Ready"}),
+        _with(pod("a", "10.0.0.1"), "status", "conditions", ["Ready"]),
+        _with(pod("a", "10.0.0.1"), "status", "podIP", "[x"),
+        ["not", "a", "pod"],
+    ],
+    ids=[
+        "metadata a list",
+        "labels a string",
+        "status a string",
+        "conditions an object",
+        "condition a string",
+        "ip no address",
+        "pod a list",
+    ],
+)
+def test_a_pod_not_shaped_like_the_api_s_is_a_discovery_error_and_changes_nothing(obj: Any) -> None:
+    table = PodTable((("app", "vllm-llama3-8b-instruct"),))
+    table.reset([pod("b", "10.0.0.2")])
+    with pytest.raises(DiscoveryError):
+        table.reset([pod("c", "10.0.0.3"), obj])
+    with pytest.raises(DiscoveryError):
+        table.apply("MODIFIED", obj)
+    assert table.endpoints((8000,)) == ("10.0.0.2:8000",)
+
+
+@pytest.mark.parametrize("obj", [None, [], "pool"])
+def test_a_pool_that_is_no_object_is_a_discovery_error(obj: Any) -> None:
+    with pytest.raises(DiscoveryError, match="not an object"):
+        pool_spec(obj, V1)

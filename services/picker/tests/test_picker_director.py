@@ -9,7 +9,7 @@ import time
 
 import pytest
 from picker_builders import NOW, config, pod, snapshot
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from pointsman_picker import errors
 from pointsman_picker.director import PLUGIN_TIMING_EVERY, Director, UsablePods, usable_pods
@@ -69,6 +69,14 @@ def test_no_body_routes_without_a_model():
         )
         == 1
     )
+
+
+def test_a_passed_through_model_with_a_lone_surrogate_keeps_metrics_readable():
+    # Found by test_picker_body_properties: the label '\ud800' made every /metrics render raise.
+    d, registry = director(snapshot(pod()), picker={"passthroughUnknownModels": True})
+    routing = d.route(b'{"model":"\\ud800x"}')
+    assert routing.model == "\ufffdx"
+    assert "\ufffdx" in generate_latest(registry).decode()
 
 
 def test_unknown_model_is_404_naming_the_model():

@@ -31,6 +31,16 @@ def test_encode_like_go(raw, expected):
     assert goencoding.dumps(goencoding.loads(raw)) == expected
 
 
+def test_a_lone_surrogate_escape_decodes_as_u_fffd_in_keys_values_and_lists():
+    # Found by test_picker_body_properties: a passed-through model "\ud800" broke /metrics.
+    raw = b'{"model": "\\ud800x", "\\udc00": ["\\uDBFF", "\\ud83d\\ude00"], "\\\\ud800": 1}'
+    assert goencoding.loads(raw) == {
+        "model": "\ufffdx",
+        "\ufffd": ["\ufffd", "\U0001f600"],
+        "\\ud800": 1.0,  # an escaped backslash, then "ud800": no surrogate
+    }
+
+
 @pytest.mark.parametrize(
     ("literal", "expected"),
     [

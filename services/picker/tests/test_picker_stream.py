@@ -351,3 +351,14 @@ def test_an_explained_error_carries_the_path():
     [answer] = stream.handle(body(b"{}"))
     sent = {h.header.key: h.header.raw_value for h in answer.immediate_response.headers.set_headers}
     assert sent["x-explain"] == b"pods=1; has capacity:0; dropped"
+
+
+@pytest.mark.parametrize(("sent", "counted"), [("200", 200), ("²", 0), ("١٢٣", 0), ("9" * 5000, 0), ("", 0)])
+def test_a_response_status_that_is_not_ascii_digits_counts_as_zero(sent, counted):
+    # Found by test_picker_stream_properties: "²" passed str.isdigit() and int() raised out of handle().
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(headers((":method", "GET"), end_of_stream=True))
+    [answer] = stream.handle(response_headers((":status", sent), end_of_stream=True))
+    assert answer == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    assert [done.status for done in router.done] == [counted]

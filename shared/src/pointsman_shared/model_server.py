@@ -122,18 +122,30 @@ def read_page(page: str | bytes, names: MetricNames) -> PageMetrics:
     )
 
 
+# No queue or slot count is larger (a float holds every integer up to here), and the snapshot codec
+# writes 64-bit integers only: a larger count would fail every publish of the whole pool.
+_MAX_COUNT = 2**53
+
+
 def _total(name: str, samples: list[Sample]) -> float:
     total = 0.0
     for sample in samples:
         if not is_finite(sample.value) or sample.value < 0:
             raise MetricsPageError("value", f"{name} has value {sample.value}")
         total += sample.value
+    if not is_finite(total):  # finite values can add up to infinity
+        raise MetricsPageError("value", f"{name} adds up to {total}")
     return total
 
 
 def _count(name: str, samples: list[Sample]) -> int | None:
+    if not samples:
+        return None
     # Data-parallel servers expose one series per engine: queues add up.
-    return round(_total(name, samples)) if samples else None
+    total = _total(name, samples)
+    if total > _MAX_COUNT:
+        raise MetricsPageError("value", f"{name} has value {total:g}, more than any count")
+    return round(total)
 
 
 def _newest_lora(samples: list[Sample], names: MetricNames) -> tuple[LoraState | None, int | None]:
@@ -180,6 +192,8 @@ def _max_lora(raw: str) -> int:
         raise MetricsPageError("max_lora", f"max_lora {raw!r} is not an integer") from None
     if max_lora < 0:
         raise MetricsPageError("max_lora", f"max_lora {raw!r} is negative")
+    if max_lora > _MAX_COUNT:
+        raise MetricsPageError("max_lora", f"max_lora {raw[:30]!r} is too large")
     return max_lora
 
 

@@ -151,13 +151,15 @@ def from_endpoint_picker_config(doc: Mapping[str, Any], source: str) -> tuple[di
     profiles; the first profile is the one in use), and a warning per plugin left out."""
     problems: list[tuple[str, str]] = []
     warnings: list[str] = []
-    unknown = sorted(set(doc) - {"apiVersion", "kind", "plugins", "schedulingProfiles", "parser"})
+    unknown = sorted(map(str, set(doc) - {"apiVersion", "kind", "plugins", "schedulingProfiles", "parser"}))
     problems += [(key, "not an EndpointPickerConfig field") for key in unknown]
     plugins: list[dict[str, Any]] = []
     dropped: set[str] = set()
     for i, spec in enumerate(_items(doc.get("plugins"), "plugins", problems)):
         kind, name = spec.get("type"), spec.get("name") or spec.get("type")
-        if kind in PLUGIN_TYPES:
+        if not isinstance(kind, str):  # a list or a mapping cannot even be looked up
+            problems.append((f"plugins[{i}].type", f"must be a string, not {type(kind).__name__}"))
+        elif kind in PLUGIN_TYPES:
             plugins.append(
                 {"type": PLUGIN_TYPES[kind], "name": name, "parameters": spec.get("parameters") or {}}
             )
@@ -172,7 +174,7 @@ def from_endpoint_picker_config(doc: Mapping[str, Any], source: str) -> tuple[di
         refs = [
             {"pluginRef": entry.get("pluginRef"), "weight": entry.get("weight", 1)}
             for entry in _items(spec.get("plugins"), f"schedulingProfiles[{i}].plugins", problems)
-            if entry.get("pluginRef") not in dropped
+            if not isinstance(entry.get("pluginRef"), str) or entry["pluginRef"] not in dropped
         ]
         profiles.append({"name": spec.get("name"), "plugins": refs})
     if problems:

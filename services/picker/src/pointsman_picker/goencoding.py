@@ -39,9 +39,18 @@ def loads(data: bytes) -> Any:
     """Decode like Go's ``json.Unmarshal`` into ``interface{}``; raise ``ValueError`` when Go would fail."""
     text = data.decode("utf-8", _DECODE_ERRORS)
     try:
-        return json.loads(text, parse_int=_go_float, parse_float=_go_float, parse_constant=_no_constant)
+        value = json.loads(text, parse_int=_go_float, parse_float=_go_float, parse_constant=_no_constant)
+        # Python keeps a lone surrogate escape ("\ud800") as a surrogate, which no UTF-8 encoder takes
+        # (a model passed through as a metric label broke /metrics); Go reads it as U+FFFD.
+        if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+            value = _replace_surrogates(value)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    return value
+
+
+# A \uD800-\uDFFF escape: maybe half of a valid pair, which json.loads joins; the rest are lone.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _go_float(literal: str) -> float:

@@ -9,10 +9,14 @@ An InferencePool gives a selector and target ports, read as its API version writ
 
 Every pod is an endpoint on every target port (data-parallel ranks on several ports are separate
 endpoints). A pod counts while it is Ready, has an IP and is not being deleted.
+
+An object not shaped like the API's (a field of another JSON type, a pod IP that is no IP address) is a
+:class:`DiscoveryError`, never another exception; a pod list with one is refused whole.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +40,8 @@ def pool_spec(pool: Mapping[str, Any], api_version: str) -> PoolSpec:
 
     An object that names another apiVersion than the one asked for is refused, not guessed at.
     """
+    if not isinstance(pool, Mapping):
+        raise DiscoveryError("kubernetes", f"InferencePool is not an object: {type(pool).__name__}")
     found = pool.get("apiVersion", api_version)
     if found != api_version:
         raise DiscoveryError("kubernetes", f"InferencePool is {found!r}, expected {api_version!r}")
@@ -79,17 +85,41 @@ def _v1(spec: Mapping[str, Any]) -> tuple[object, list[object]]:
 
 def ready_ip(pod: Mapping[str, Any]) -> str | None:
     """The pod's IP while it is Ready and not being deleted, else ``None``."""
-    metadata = pod.get("metadata") or {}
+    metadata = _object(pod, "pod", "metadata")
     if metadata.get("deletionTimestamp"):
         return None
-    status = pod.get("status") or {}
+    status = _object(pod, "pod", "status")
     ip = status.get("podIP")
     if not isinstance(ip, str) or not ip:
         return None
-    for condition in status.get("conditions") or []:
+    conditions = status.get("conditions") or []
+    if not isinstance(conditions, list):
+        raise DiscoveryError("kubernetes", "pod status.conditions is not a list")
+    for condition in conditions:
+        if not isinstance(condition, Mapping):
+            raise DiscoveryError("kubernetes", "pod status.conditions holds a non-object")
         if condition.get("type") == "Ready":
-            return ip if condition.get("status") == "True" else None
+            return _address(ip) if condition.get("status") == "True" else None
     return None
+
+
+def _object(parent: Any, what: str, field: str) -> Mapping[str, Any]:
+    """``parent[field]``, a JSON object (absent or null: an empty one)."""
+    if not isinstance(parent, Mapping):
+        raise DiscoveryError("kubernetes", f"{what} is not an object: {type(parent).__name__}")
+    value = parent.get(field) or {}
+    if not isinstance(value, Mapping):
+        raise DiscoveryError("kubernetes", f"{what} {field} is not an object: {type(value).__name__}")
+    return value
+
+
+def _address(ip: str) -> str:
+    # The collector writes it into a host:port and dials it: anything else would fail there, later.
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise DiscoveryError("kubernetes", f"pod IP {ip[:60]!r} is not an IP address") from None
+    return ip
 
 
 class PodTable:
@@ -106,18 +136,21 @@ class PodTable:
     def reset(
         self, pods: list[Mapping[str, Any]], selector: tuple[tuple[str, str], ...] | None = None
     ) -> None:
-        if selector is not None:
-            self._selector = selector
-        self._ips.clear()
+        """Start over from a full list; a list that is refused (:class:`DiscoveryError`) changes nothing."""
+        if not isinstance(pods, list | tuple):
+            raise DiscoveryError("kubernetes", f"the pod list's items are not a list: {type(pods).__name__}")
+        wanted = self._selector if selector is None else selector
+        ips: dict[str, str] = {}
         for pod in pods:
-            self.apply("ADDED", pod)
+            name, ip = _entry("ADDED", pod, wanted)
+            if ip is None:
+                ips.pop(name, None)
+            else:
+                ips[name] = ip
+        self._selector, self._ips = wanted, ips
 
     def apply(self, kind: str, pod: Mapping[str, Any]) -> None:
-        metadata = pod.get("metadata") or {}
-        name = str(metadata.get("name", ""))
-        labels = metadata.get("labels") or {}
-        matches = all(labels.get(key) == value for key, value in self._selector)
-        ip = None if kind == "DELETED" or not matches else ready_ip(pod)
+        name, ip = _entry(kind, pod, self._selector)
         if ip is None:
             self._ips.pop(name, None)
         else:
@@ -125,3 +158,14 @@ class PodTable:
 
     def endpoints(self, ports: tuple[int, ...]) -> tuple[str, ...]:
         return tuple(sorted(join_host_port(ip, port) for ip in set(self._ips.values()) for port in ports))
+
+
+def _entry(
+    kind: str, pod: Mapping[str, Any], selector: tuple[tuple[str, str], ...]
+) -> tuple[str, str | None]:
+    """The pod's name and, while it counts, its IP."""
+    metadata = _object(pod, "pod", "metadata")
+    name = str(metadata.get("name", ""))
+    labels = _object(metadata, "pod metadata", "labels")
+    matches = all(labels.get(key) == value for key, value in selector)
+    return name, None if kind == "DELETED" or not matches else ready_ip(pod)

@@ -246,8 +246,9 @@ class RequestStream:
         ]
 
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
-        status = _header(headers, ":status")
-        self._status = int(status) if status and status.isdigit() else 0
+        status = _header(headers, ":status") or ""
+        # At most three ASCII digits: str.isdigit() also takes "²", which int() refuses.
+        self._status = int(status) if len(status) <= 3 and status.isascii() and status.isdigit() else 0
         content_type = _header(headers, "content-type") or ""
         self._usage = UsageScanner(
             event_stream=content_type.startswith(_EVENT_STREAM), max_bytes=self._settings.max_body_bytes
