@@ -1,9 +1,11 @@
 """Every Envoy bootstrap in the repository passes ``envoy --mode validate``, and the generated ones are
-up to date."""
+up to date; every Envoy a client talks to (the bootstraps, and Envoy Gateway's through its patch policy)
+answers its own errors in JSON."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deploy_kit import REPO, load_all_yaml, load_yaml
@@ -66,3 +68,75 @@ def test_the_standalone_bootstrap_verifies_the_picker_certificate() -> None:
     assert tls["sni"] == deploy.KUBERNETES_PICKER
     validation = tls["common_tls_context"]["validation_context"]
     assert validation["trusted_ca"]["filename"] == f"{deploy.KUBERNETES_TLS_DIR}/ca.crt"
+
+
+# --- Envoy's own answers are JSON, in every bootstrap a client talks to ----------------------------------
+
+# The listeners clients reach (the picker's TLS sidecar only ever answers Envoy's gRPC streams).
+CLIENT_FACING = [
+    path
+    for path in BOOTSTRAPS
+    if any(
+        f["name"] == "envoy.filters.http.ext_proc"
+        for listener in load_yaml(path)["static_resources"]["listeners"]
+        for chain in listener["filter_chains"]
+        for hcm in chain["filters"]
+        for f in hcm["typed_config"].get("http_filters", [])
+    )
+]
+
+
+def test_the_client_facing_bootstraps_are_found() -> None:
+    names = {p.relative_to(REPO).as_posix() for p in CLIENT_FACING}
+    assert names == {
+        "deploy/envoy/envoy.yaml",
+        "deploy/envoy/envoy-compose.yaml",
+        "deploy/k8s/overlays/standalone-envoy/envoy.yaml",
+    }
+
+
+@pytest.mark.parametrize("path", CLIENT_FACING, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_envoy_s_local_replies_are_json(path: Path) -> None:
+    for listener in load_yaml(path)["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            (hcm,) = chain["filters"]
+            assert hcm["typed_config"]["local_reply_config"] == envoy.local_reply_config()
+
+
+def test_the_picker_s_own_answers_are_what_the_local_replies_pass_through() -> None:
+    # The first mapper lets the picker's JSON errors through untouched, by their response details.
+    from pointsman_picker.errors import BadRequest, NoCapacity, NoEndpoints
+    from pointsman_picker.extproc.responses import error_response
+
+    for error in (BadRequest("not JSON"), NoCapacity("full"), NoEndpoints("no pods")):
+        assert error_response(error).immediate_response.details.startswith(envoy.PICKER_DETAILS_PREFIX)
+
+
+def _patch_policy(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (policy,) = [o for o in objects if o.get("kind") == "EnvoyPatchPolicy"]
+    return policy
+
+
+def _local_reply_patch(policy: dict[str, Any]) -> dict[str, Any]:
+    patches = policy["spec"]["jsonPatches"]
+    (route,) = [p for p in patches if p["type"].endswith("RouteConfiguration")]
+    (listener,) = [p for p in patches if p["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener"]
+    # Envoy Gateway names an HTTP listener like its route configuration; the HCM is its default chain's.
+    assert listener["name"] == route["name"]
+    operation = listener["operation"]
+    assert (operation["op"], operation["path"]) == (
+        "add",
+        "/default_filter_chain/filters/0/typed_config/local_reply_config",
+    )
+    return dict(operation["value"])
+
+
+def test_the_envoy_gateway_overlay_patches_in_the_same_local_replies() -> None:
+    policy = _patch_policy(load_all_yaml(REPO / "deploy/k8s/overlays/envoy-gateway/policies.yaml"))
+    assert _local_reply_patch(policy) == envoy.local_reply_config()
+
+
+def test_the_helm_chart_s_envoy_gateway_policy_patches_in_the_same_local_replies() -> None:
+    from test_deploy_helm import _objects
+
+    assert _local_reply_patch(_patch_policy(_objects("envoy-gateway"))) == envoy.local_reply_config()

@@ -303,3 +303,27 @@ async def test_shutdown_goes_not_serving_and_cancels_streams_after_the_grace(pic
     with pytest.raises(grpc.aio.AioRpcError):
         await call.read()
     await queue.put(None)
+
+
+async def test_streams_reset_before_shutdown_are_not_counted_as_cut_short(picker):
+    # Envoy resets most streams once their exchange is over, and any stream whose client went away:
+    # none of that is a stream cut short at shutdown.
+    picker.use(pod())
+    await eventually_serving(picker.app.health_port, "")
+    for finished in [True, False] * 10:
+        queue: asyncio.Queue[pb.ProcessingRequest] = asyncio.Queue()
+
+        async def requests(queue: asyncio.Queue[pb.ProcessingRequest] = queue):
+            while True:
+                yield await queue.get()
+
+        call = picker.stub.Process(requests())
+        await queue.put(post_headers())
+        await call.read()
+        if finished:  # routed and answered, then reset (as Envoy ends a stream)
+            await queue.put(body(completion("my-model")))
+            await call.read()
+        call.cancel()  # else reset while the body is still due (the client went away)
+    await eventually(lambda: picker.app.service.open_streams == 0)
+    await picker.app.stop(0.2)
+    assert picker.app.service.unfinished_streams == 0

@@ -27,6 +27,10 @@ def _ext_proc(config: dict[str, Any]) -> dict[str, Any]:
     return dict(first["typed_config"])
 
 
+def _hcm(config: dict[str, Any]) -> dict[str, Any]:
+    return dict(config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"])
+
+
 def _cluster(config: dict[str, Any], name: str) -> dict[str, Any]:
     (found,) = [c for c in config["static_resources"]["clusters"] if c["name"] == name]
     return dict(found)
@@ -52,6 +56,7 @@ def test_reference_config_is_up_to_date() -> None:
         ),
         pytest.param(_options(gateway_listen="[::1]:18080", pickers=("[::1]:19002",)), id="ipv6"),
         pytest.param(_options(request_body_mode="BUFFERED"), id="buffered"),
+        pytest.param(_options(request_body_mode="FULL_DUPLEX_STREAMED"), id="full-duplex"),
         pytest.param(_options(response_processing=False), id="requests-only"),
     ],
 )
@@ -75,16 +80,17 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     assert ext_proc["processing_mode"] == {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
-        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "request_body_mode": "BUFFERED",
         "response_body_mode": "STREAMED",
-        "request_trailer_mode": "SEND",
+        "request_trailer_mode": "SKIP",
         "response_trailer_mode": "SKIP",
     }
     # Safe: a request the picker never answered has no destination header, so it finds no pod.
     assert ext_proc["failure_mode_allow"] is True
     assert ext_proc["grpc_service"]["envoy_grpc"] == {"cluster_name": envoy.PICKER_CLUSTER}
     retry = ext_proc["grpc_service"]["retry_policy"]
-    assert retry["retry_on"] == "connect-failure,refused-stream,unavailable"
+    # reset: a stream whose picker died before it answered is replayed to another picker.
+    assert retry["retry_on"] == "connect-failure,refused-stream,unavailable,reset"
     assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
     assert ext_proc["metadata_options"] == {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
 
@@ -94,14 +100,71 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     [
         ({"response_processing": False}, {"response_header_mode": "SKIP", "response_body_mode": "NONE"}),
         (
-            {"request_body_mode": "BUFFERED"},
-            {"request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP"},
+            {"request_body_mode": "FULL_DUPLEX_STREAMED"},
+            {"request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"},
         ),
     ],
 )
 def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str, str]) -> None:
     mode = _ext_proc(envoy.bootstrap(_options(**overrides)))["processing_mode"]
     assert {key: mode[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "body_mode"),
+    [
+        # With responses shown to the picker, Envoy 1.40 fails a FULL_DUPLEX_STREAMED request whose picker
+        # dies after routing it; a BUFFERED one carries on (docs/envoy.md, "Body modes").
+        ({}, "BUFFERED"),
+        # Without, Envoy closes the stream once the request is routed: the picker's death cannot touch it.
+        ({"response_processing": False}, "FULL_DUPLEX_STREAMED"),
+        ({"request_body_mode": "FULL_DUPLEX_STREAMED"}, "FULL_DUPLEX_STREAMED"),
+        ({"request_body_mode": "BUFFERED", "response_processing": False}, "BUFFERED"),
+    ],
+)
+def test_the_default_body_mode_is_the_one_that_survives_a_picker_s_death(
+    overrides: dict[str, Any], body_mode: str
+) -> None:
+    options = _options(**overrides)
+    assert options.body_mode == body_mode
+    assert _ext_proc(envoy.bootstrap(options))["processing_mode"]["request_body_mode"] == body_mode
+
+
+def test_envoy_s_own_replies_are_json_in_the_picker_s_shape() -> None:
+    local_reply = _hcm(envoy.bootstrap(_options()))["local_reply_config"]
+    assert local_reply == envoy.local_reply_config()
+    # Status kept (no status_code rewrite), the body an error object like the picker's.
+    assert local_reply["body_format"]["json_format"] == {
+        "error": {
+            "code": "%RESPONSE_CODE%",
+            "message": "%LOCAL_REPLY_BODY%",
+            "details": "%RESPONSE_CODE_DETAILS%",
+        }
+    }
+    picker, ext_proc_failed = local_reply["mappers"]
+    assert all("status_code" not in mapper for mapper in local_reply["mappers"])
+    # The picker's ImmediateResponses (details "pointsman_<result>") are JSON already: passed as they are.
+    assert picker["filter"]["extension_filter"]["typed_config"]["expression"] == (
+        "response.code_details.startsWith('pointsman_')"
+    )
+    assert picker["body_format_override"] == {
+        "text_format_source": {"inline_string": "%LOCAL_REPLY_BODY%"},
+        "content_type": "application/json",
+    }
+    # ext_proc's own failures come without a body: they get a message.
+    assert "ext_proc_error" in ext_proc_failed["filter"]["extension_filter"]["typed_config"]["expression"]
+    assert ext_proc_failed["body_format_override"]["json_format"]["error"]["message"]
+
+
+def test_the_picker_cluster_takes_every_stream_in_flight_and_retries_them_all() -> None:
+    picker = _cluster(envoy.bootstrap(_options()), envoy.PICKER_CLUSTER)
+    (limits,) = picker["circuit_breakers"]["thresholds"]
+    # Envoy's defaults: 1024 requests (one stream per request in flight), 3 retries at once.
+    assert limits["max_requests"] >= 40000
+    assert limits["max_retries"] == envoy.MAX_PICKER_RETRIES >= 1000
+    (check,) = picker["health_checks"]
+    # Else Envoy checks every 60 s until the cluster has carried traffic (its first minute).
+    assert check["no_traffic_interval"] == check["interval"]
 
 
 def test_a_picker_that_refuses_connections_is_ejected_at_once() -> None:

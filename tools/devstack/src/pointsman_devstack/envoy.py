@@ -1,4 +1,4 @@
-"""The Envoy bootstrap in front of the picker: ext_proc with a buffered body, then an ORIGINAL_DST cluster.
+"""The Envoy bootstrap in front of the picker: ext_proc, then an ORIGINAL_DST cluster; JSON local replies.
 
 The same function renders the local stack's config (free ports, a run dir) and the checked-in reference
 ``deploy/envoy/envoy.yaml``; ``python -m pointsman_devstack.envoy --config config/local.yaml`` prints the
@@ -38,6 +38,28 @@ _STDOUT_LOG = _TYPE_URL + "envoy.extensions.access_loggers.stream.v3.StdoutAcces
 _DOWNSTREAM_CONNECTIONS = (
     _TYPE_URL + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
 )
+_CEL_FILTER = _TYPE_URL + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
+
+FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
+BUFFERED = "BUFFERED"
+# Every ImmediateResponse of the picker names itself in its details (responses.py: "pointsman_<result>");
+# the ext_proc filter's own failures (stream error, message timeout) are "ext_proc_error_...".
+PICKER_DETAILS_PREFIX = "pointsman_"
+EXT_PROC_ERROR_PREFIX = "ext_proc_error"
+# How Envoy's own local replies look: the shape of the picker's errors (docs/upstream-differences.md), and
+# Envoy's reason (e.g. upstream_reset_before_response_started{connection_termination}) in "details".
+LOCAL_REPLY_JSON: dict[str, Any] = {
+    "error": {
+        "code": "%RESPONSE_CODE%",
+        "message": "%LOCAL_REPLY_BODY%",
+        "details": "%RESPONSE_CODE_DETAILS%",
+    }
+}
+
+# Envoy's circuit breakers on both clusters (its defaults: 1024 connections and requests).
+_LIMITS = {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
+# Streams retried at once on the picker cluster: every stream open, unanswered, on a picker that died.
+MAX_PICKER_RETRIES = 1000
 
 _ACCESS_LOG_FORMAT = (
     "[%START_TIME%] %REQ(X-REQUEST-ID)% %REQ(:METHOD)% %REQ(:PATH)% upstream=%UPSTREAM_HOST% "
@@ -69,12 +91,15 @@ class EnvoyOptions:
     route_timeout_s: float = 3600.0
     # Envoy warns at start-up when nothing bounds the open client connections.
     max_downstream_connections: int = 50_000
+    # None: the mode in which a request already routed survives its picker's death (body_mode).
     # FULL_DUPLEX_STREAMED (upstream's later choice): Envoy sends the body without waiting for the
-    # header answer, which the picker gives once the whole body is in: one round trip to the picker
-    # per request instead of BUFFERED's two (measured: docs/picker.md, "Speed"). BUFFERED keeps the
-    # client's Content-Length (the picker fixes it). STREAMED cannot route on the body in Envoy 1.40:
-    # the upstream is picked as soon as the headers are answered.
-    request_body_mode: str = "FULL_DUPLEX_STREAMED"
+    # header answer, which the picker gives once the whole body is in: one round trip to the picker per
+    # request instead of BUFFERED's two (docs/picker.md, "Speed"). But once such a body has gone to
+    # the picker, Envoy 1.40 ignores failure_mode_allow for the rest of the request, so with responses
+    # processed a picker that dies fails every request it routed (docs/envoy.md, "Body modes"). BUFFERED
+    # keeps the client's Content-Length (the picker fixes it). STREAMED cannot route on the body in
+    # Envoy 1.40: the upstream is picked as soon as the headers are answered.
+    request_body_mode: str | None = None
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
     response_processing: bool = True
@@ -95,6 +120,14 @@ class EnvoyOptions:
             metadata_namespace=config.picker.metadata_namespace,
             max_body_bytes=config.picker.max_body_bytes,
         )
+
+    @property
+    def body_mode(self) -> str:
+        """``request_body_mode``, or the default that survives a picker's death: BUFFERED when the
+        picker sees responses, else FULL_DUPLEX_STREAMED (Envoy then closes the stream once routed)."""
+        if self.request_body_mode is not None:
+            return self.request_body_mode
+        return BUFFERED if self.response_processing else FULL_DUPLEX
 
 
 def dial_address(listen: str) -> str:
@@ -219,11 +252,49 @@ def _gateway_listener(options: EnvoyOptions) -> dict[str, Any]:
                                 ],
                             },
                             "http_filters": [_ext_proc_filter(options), _router_filter()],
+                            "local_reply_config": local_reply_config(),
                         },
                     }
                 ]
             }
         ],
+    }
+
+
+def local_reply_config() -> dict[str, Any]:
+    """Envoy's own answers (no healthy upstream, a pod that refused or reset the connection, a route
+    timeout, a body too large, an ext_proc failure) as JSON errors in the picker's shape, status kept.
+
+    The picker's own ImmediateResponses are JSON already and pass unchanged; ext_proc's failures come
+    without a body, so they get a message of their own. Both are told apart by their response details.
+    """
+    ext_proc_failed = {"error": {**LOCAL_REPLY_JSON["error"], "message": "the endpoint picker failed"}}
+    return {
+        "mappers": [
+            {
+                "filter": _details_start_with(PICKER_DETAILS_PREFIX),
+                "body_format_override": {
+                    "text_format_source": {"inline_string": "%LOCAL_REPLY_BODY%"},
+                    "content_type": "application/json",
+                },
+            },
+            {
+                "filter": _details_start_with(EXT_PROC_ERROR_PREFIX),
+                "body_format_override": {"json_format": ext_proc_failed},
+            },
+        ],
+        "body_format": {"json_format": LOCAL_REPLY_JSON},
+    }
+
+
+def _details_start_with(prefix: str) -> dict[str, Any]:
+    """An access-log filter matching the local replies whose response details start with ``prefix``."""
+    expression = f"response.code_details.startsWith('{prefix}')"
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {"@type": _CEL_FILTER, "expression": expression},
+        }
     }
 
 
@@ -234,9 +305,13 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "@type": _EXT_PROC,
             "grpc_service": {
                 "envoy_grpc": {"cluster_name": PICKER_CLUSTER},
-                # Opening the stream to a picker that just died fails: try another one.
+                # Opening the stream to a picker that just died fails, and one that dies before it
+                # answered resets it: try another one. Envoy replays what it sent on the stream (it
+                # buffers it for this), so a request whose picker died still unanswered is routed by
+                # the next one. Once a picker has answered (BUFFERED: at the request headers), the
+                # stream can no longer be retried.
                 "retry_policy": {
-                    "retry_on": "connect-failure,refused-stream,unavailable",
+                    "retry_on": "connect-failure,refused-stream,unavailable,reset",
                     "num_retries": 2,
                     "retry_back_off": {"base_interval": "0.01s", "max_interval": "0.1s"},
                     "retry_host_predicate": [
@@ -251,7 +326,8 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             # True, and still no request reaches a pod unrouted: the client's destination header is
             # removed first, so a request the picker never answered finds no pod (503, flags UH). What
             # it buys: a request already routed survives its picker dying during the response phase
-            # (with False, Envoy cuts every in-flight response of that picker with a 503).
+            # (with False, Envoy cuts every in-flight response of that picker). Envoy 1.40 ignores it
+            # once a FULL_DUPLEX_STREAMED body went to the picker: hence BUFFERED with responses.
             "failure_mode_allow": True,
             # Picker unreachable or too slow: 503 (Envoy's default, 500, reads like a bug in the picker).
             "status_on_error": {"code": "ServiceUnavailable"},
@@ -267,11 +343,11 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
 
 
 def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
-    full_duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
+    full_duplex = options.body_mode == FULL_DUPLEX
     return {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND" if options.response_processing else "SKIP",
-        "request_body_mode": options.request_body_mode,
+        "request_body_mode": options.body_mode,
         # STREAMED, not FULL_DUPLEX_STREAMED: every chunk goes to the client as soon as the picker
         # answers it with an empty reply, and the picker never holds response bytes.
         "response_body_mode": "STREAMED" if options.response_processing else "NONE",
@@ -298,6 +374,10 @@ def _picker_cluster(options: EnvoyOptions) -> dict[str, Any]:
             {
                 "timeout": "1s",
                 "interval": "2s",
+                # Envoy checks a cluster that has not carried traffic yet every 60 s, and the timer it
+                # arms at start-up runs out first: without this, a picker draining (NOT_SERVING) in
+                # Envoy's first minute goes unnoticed.
+                "no_traffic_interval": "2s",
                 "unhealthy_threshold": 2,
                 "healthy_threshold": 1,
                 "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
@@ -311,6 +391,10 @@ def _picker_cluster(options: EnvoyOptions) -> dict[str, Any]:
             "base_ejection_time": "10s",
             "max_ejection_percent": 100,
         },
+        # Every request in flight holds a stream to a picker until its response ends, so Envoy's default
+        # of 1024 requests would fail the 1025th (503, no destination); and its default of 3 retries at
+        # once would let the fourth stream open on a picker that dies fail instead of moving over.
+        "circuit_breakers": {"thresholds": [{**_LIMITS, "max_retries": MAX_PICKER_RETRIES}]},
         # ext_proc is gRPC, so this cluster must speak HTTP/2.
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -335,9 +419,7 @@ def _pod_cluster(options: EnvoyOptions) -> dict[str, Any]:
         "connect_timeout": "5s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": options.destination_header},
         # The defaults (1024 requests) would queue a benchmark at Envoy instead of at the pods.
-        "circuit_breakers": {
-            "thresholds": [{"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}]
-        },
+        "circuit_breakers": {"thresholds": [dict(_LIMITS)]},
     }
 
 

@@ -46,7 +46,9 @@ class ExtProcService:
         self._on_finish = on_finish
         self._clock = clock
         self.open_streams = 0
+        # Streams the server cut short at shutdown: still open when the grace ran out.
         self.unfinished_streams = 0
+        self._cut_after: float | None = None  # on the clock: when shutdown's grace runs out
 
     def open(self) -> RequestStream:
         self.open_streams += 1
@@ -58,15 +60,25 @@ class ExtProcService:
             clock=self._clock,
         )
 
+    def shutting_down(self, grace: float) -> None:
+        """Shutdown began: the server lets open streams end for ``grace`` seconds, then cancels the rest.
+
+        A stream that ends after that was still open when the grace ran out, and counts as cut short. How
+        a stream ends says nothing: Envoy resets most streams once their exchange is over (and any
+        stream whose client went away), so ``cut_short`` is true for thousands of normal ends too.
+        """
+        self._cut_after = self._clock() + max(grace, 0.0)
+
     def close(self, stream: RequestStream, *, cut_short: bool) -> None:
+        """``stream`` ended: ``cut_short`` when by a cancel or a reset, else by Envoy's half-close."""
         self.open_streams -= 1
         if stream.routing is not None:
             self._on_finish(stream.routing)
-        # A stream that ends while a request body is still due was cut short: Envoy reset it, or
-        # shutdown's grace ran out.
-        if stream.phase is Phase.BODY or cut_short:
+        if self._cut_after is not None and self._clock() >= self._cut_after:
             self.unfinished_streams += 1
-            stream.log.debug("stream ended before the request was complete")
+            stream.log.debug("stream cut short at shutdown, in phase %s", stream.phase.value)
+        elif stream.phase is Phase.BODY and cut_short:
+            stream.log.debug("stream reset before the request body was complete")
 
 
 class GrpcioServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
