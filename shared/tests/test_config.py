@@ -158,6 +158,37 @@ def test_environment_overrides_thresholds_and_redis() -> None:
     assert config.redis.url == "redis://elsewhere:6380/1"
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "not a duration"),  # `staleness:` left empty in YAML
+        ([], "not a duration"),
+        ({"s": 1}, "not a duration"),
+        (10**400, "too large"),
+        ("9" * 400 + "s", "must be finite"),
+        (float("inf"), "must be finite"),
+    ],
+)
+def test_a_duration_of_any_wrong_type_names_its_path(value: object, message: str) -> None:
+    # Found by test_config_properties: a TypeError or OverflowError escaped parse_config.
+    [(path, problem)] = _problems({"collector": {"staleness": value}})
+    assert path == "collector.staleness"
+    assert message in problem
+
+
+@pytest.mark.parametrize("value", [float("inf"), "1e400", float("nan")])
+def test_a_number_that_is_not_finite_is_refused(value: object) -> None:
+    # Found by test_config_properties: prefillTokensPerSecond "1e400" was an infinite rate.
+    assert _problems({"picker": {"prefillTokensPerSecond": value}}) == [
+        ("picker.prefillTokensPerSecond", "Input should be a finite number")
+    ]
+
+
+@pytest.mark.parametrize(("key", "path"), [("", "''"), ("pool.name", "'pool.name'"), ("a b", "'a b'")])
+def test_a_key_that_reads_as_another_path_is_quoted(key: str, path: str) -> None:
+    assert _problems({key: 1}) == [(path, "Extra inputs are not permitted")]
+
+
 def test_a_bad_environment_override_names_the_key() -> None:
     problems = _problems({}, environ={"KV_CACHE_THRESHOLD": "lots"})
     assert problems[0][0] == "scheduling.kvCacheThreshold"
@@ -165,7 +196,14 @@ def test_a_bad_environment_override_names_the_key() -> None:
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [("pool: [1", "not valid YAML"), ("- a\n- b\n", "must be a mapping")],
+    [
+        ("pool: [1", "not valid YAML"),
+        ("- a\n- b\n", "must be a mapping"),
+        # Found by test_config_properties: PyYAML raised ValueError, AttributeError or RecursionError.
+        ("pool: {name: 2001-02-30}", "not valid YAML: ValueError"),
+        ("pool: !!timestamp soon", "not valid YAML: AttributeError"),
+        ("pool: " + "[" * 600, "not valid YAML: RecursionError"),
+    ],
 )
 def test_load_refuses_bad_files(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "c.yaml"

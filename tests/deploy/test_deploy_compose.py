@@ -1,9 +1,11 @@
 """docker-compose.yaml: health checks and start order, build paths and mounts that exist, no port clashes,
-and the compose pieces (Pointsman config, Envoy bootstrap, Prometheus targets) agreeing with each other."""
+and the compose pieces (Pointsman config, Envoy bootstrap, Prometheus targets) agreeing with each other;
+the profile `sentinel` (a replica and three Sentinels, the services on a redis+sentinel:// URL) too."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +15,16 @@ from deploy_kit import COMPOSE_FILE, REPO, dockerfile_env, dockerfile_instructio
 from pointsman_devstack import deploy
 from pointsman_devstack.stack import served_models
 from pointsman_shared.config import load_config, split_host_port
+from pointsman_shared.redis_url import Sentinel
 
 COMPOSE = load_yaml(COMPOSE_FILE)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 CONFIG_PATH = "deploy/compose/pointsman.yaml"
 CONFIG = load_config(REPO / CONFIG_PATH, environ={})
 SIMS = sorted(name for name in SERVICES if name.startswith("sim-"))
+SENTINELS = sorted(name for name in SERVICES if name.startswith("sentinel-"))
+# The URL the header's command sets (POINTSMAN_COMPOSE_REDIS_URL) for the profile `sentinel`.
+SENTINEL_URL = "redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/pointsman"
 
 
 def _host_ports(service: dict[str, Any]) -> list[tuple[str, int]]:
@@ -97,6 +103,9 @@ def test_start_order_waits_for_health() -> None:
         for dependency, condition in service.get("depends_on", {}).items():
             assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
             assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
+            # A service of every profile waits for one of a profile only when that profile is on.
+            optional = set(SERVICES[dependency].get("profiles", [])) - set(service.get("profiles", []))
+            assert condition.get("required", True) is not bool(optional), f"{name} -> {dependency}"
     assert set(SERVICES["envoy"]["depends_on"]) == set(deploy.COMPOSE_PICKERS)
     for picker in deploy.COMPOSE_PICKERS:
         assert set(SERVICES[picker]["depends_on"]) >= {"collector", "redis"}
@@ -165,12 +174,75 @@ def test_compose_serves_the_models_of_the_local_config() -> None:
     assert CONFIG.scheduling == local.scheduling
 
 
+# --- the profile `sentinel` ------------------------------------------------------------------------------
+
+
+def _interpolated(value: str, environ: dict[str, str]) -> str:
+    """``${VAR:-default}`` as compose fills it in from ``environ``."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: environ.get(m.group(1)) or m.group(2), value)
+
+
+def _sentinel_conf() -> list[list[str]]:
+    text = (REPO / "deploy/compose/sentinel.conf").read_text(encoding="utf-8")
+    return [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_profile_adds_a_replica_and_three_sentinels_only() -> None:
+    profiled = {name for name, service in SERVICES.items() if service.get("profiles")}
+    assert profiled == {"redis-replica", *SENTINELS}
+    assert len(SENTINELS) == 3
+    assert all(SERVICES[name]["profiles"] == ["sentinel"] for name in profiled)
+
+
+def _ip(name: str) -> str:
+    address: str = SERVICES[name]["networks"]["pointsman"]["ipv4_address"]
+    return address
+
+
+def test_the_sentinels_watch_the_primary_and_the_replica_follows_it() -> None:
+    conf = _sentinel_conf()
+    (monitor,) = [line for line in conf if line[:2] == ["sentinel", "monitor"]]
+    _, _, master, host, port, quorum = monitor
+    assert (host, port) == (_ip("redis"), "6379")
+    assert int(quorum) == len(SENTINELS) // 2 + 1  # a majority
+    assert ["port", "26379"] in conf
+    replica = SERVICES["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1 :][:2] == [_ip("redis"), "6379"]
+    for name in SENTINELS:
+        assert ("./deploy/compose/sentinel.conf", "/etc/redis/sentinel.conf") in _mounts(SERVICES[name])
+        assert "redis-server /tmp/sentinel.conf --sentinel" in SERVICES[name]["command"][-1]
+    subnet = ipaddress.ip_network(COMPOSE["networks"]["pointsman"]["ipam"]["config"][0]["subnet"])
+    addresses = [_ip(name) for name in ("redis", "redis-replica", *SENTINELS, *SIMS)]
+    assert len(set(addresses)) == len(addresses)
+    assert all(ipaddress.ip_address(a) in subnet for a in addresses)
+    assert master == "pointsman"
+
+
+def _redis_url(name: str, environ: dict[str, str]) -> str:
+    return _interpolated(SERVICES[name]["environment"]["REDIS_URL"], environ)
+
+
+def test_without_the_profile_the_services_use_the_config_file_s_redis() -> None:
+    for name in ("collector", *deploy.COMPOSE_PICKERS):
+        assert _redis_url(name, {}) == CONFIG.redis.url
+
+
+def test_with_the_profile_the_services_ask_the_sentinels() -> None:
+    assert SENTINEL_URL in COMPOSE_FILE.read_text(encoding="utf-8")  # the header's command sets it
+    (monitor,) = [line for line in _sentinel_conf() if line[:2] == ["sentinel", "monitor"]]
+    for name in ("collector", *deploy.COMPOSE_PICKERS):
+        url = _redis_url(name, {"POINTSMAN_COMPOSE_REDIS_URL": SENTINEL_URL})
+        target = load_config(REPO / CONFIG_PATH, environ={"REDIS_URL": url}).redis.target
+        assert target == Sentinel(master_name=monitor[2], hosts=tuple((s, 26379) for s in SENTINELS))
+        assert set(SERVICES[name]["depends_on"]) >= set(SENTINELS)
+
+
 # The Compose Specification's keys this file may use: a misspelt key is ignored by nothing but a schema,
 # and there is no compose CLI here to run `docker compose config`.
 TOP_LEVEL_KEYS = {"name", "services", "networks", "volumes", "configs", "secrets"}
 SERVICE_KEYS = {
     "build", "image", "command", "entrypoint", "environment", "volumes", "ports", "networks", "depends_on",
-    "healthcheck", "restart", "read_only", "tmpfs", "cap_drop", "security_opt", "user", "labels",
+    "healthcheck", "restart", "read_only", "tmpfs", "cap_drop", "security_opt", "user", "labels", "profiles",
 }  # fmt: skip
 HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
 

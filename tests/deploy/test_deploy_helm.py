@@ -50,6 +50,7 @@ from pointsman_picker.health import LIVENESS, READINESS_SERVICES
 from pointsman_picker.server import checked
 from pointsman_shared.backoff import Backoff
 from pointsman_shared.config import PointsmanConfig, load_config, split_host_port
+from pointsman_shared.redis_url import Cluster, Sentinel
 
 CHART = REPO / "deploy/helm/pointsman"
 CI = CHART / "ci"
@@ -104,15 +105,19 @@ CASES = _cases()
 
 @functools.cache
 def _render(case: str) -> tuple[dict[str, Any], ...]:
+    return tuple(_render_values(CASES[case]))
+
+
+def _render_values(values: dict[str, Any]) -> Objects:
     with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(CASES[case], name=RELEASE, namespace=NAMESPACE)
-    return tuple(
+        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    return [
         doc
         for path, text in sorted(manifests.items())
         if not path.endswith("NOTES.txt")
         for doc in yaml.load_all(text, Loader=_LOADER)
         if doc
-    )
+    ]
 
 
 def _objects(case: str) -> Objects:
@@ -167,12 +172,6 @@ def _load_config(objects: Objects, directory: Path, redis_url: str | None = None
     path.write_text(config_map["data"]["pointsman.yaml"], encoding="utf-8")
     url = redis_url or _redis_url(objects) or "rediss://user:password@redis.example:6380/0"
     return checked(load_config(path, environ={"REDIS_URL": url}), str(path))
-
-
-def _loadable_url(case: str) -> str | None:
-    """A REDIS_URL the services read, for the one case whose own they do not read yet (Sentinel,
-    test_the_services_read_the_sentinel_url): what else its config says does not depend on it."""
-    return "redis://stand-in:6379/0" if case == "sentinel" else None
 
 
 def _port(listen: str) -> int:
@@ -321,7 +320,7 @@ def test_no_crds_and_everything_in_the_release_namespace(case: str) -> None:
 def test_the_config_loads_and_discovers_the_pool(case: str, tmp_path: Path) -> None:
     objects = _objects(case)
     values = _values(case)
-    config = _load_config(objects, tmp_path, _loadable_url(case))
+    config = _load_config(objects, tmp_path)
     pool = _one(objects, "InferencePool", RELEASE)
     assert config.pool.name == RELEASE
     discovery = config.pool.kubernetes
@@ -358,9 +357,37 @@ def test_sentinel_renders_the_redis_sentinel_url() -> None:
     assert not _find(_objects("sentinel"), "StatefulSet")
 
 
-@pytest.mark.xfail(strict=True, reason="the services accept redis://, rediss:// and unix:// only, so far")
 def test_the_services_read_the_sentinel_url(tmp_path: Path) -> None:
-    _load_config(_objects("sentinel"), tmp_path)
+    target = _load_config(_objects("sentinel"), tmp_path).redis.target
+    assert target == Sentinel(
+        master_name="pointsman",
+        hosts=(
+            ("sentinel-0.sentinel", 26379),
+            ("sentinel-1.sentinel", 26379),
+            ("sentinel-2.sentinel", 26379),
+        ),
+        db=2,
+        password="s3cret",
+    )
+
+
+def test_a_sentinel_password_is_percent_encoded_in_the_url(tmp_path: Path) -> None:
+    password = "p@ss/w:rd %+"
+    values = copy.deepcopy(CASES["sentinel"])
+    values["redis"]["sentinel"]["password"] = password
+    objects = _render_values(values)
+    target = _load_config(objects, tmp_path).redis.target
+    assert isinstance(target, Sentinel)
+    assert target.password == password
+
+
+def test_an_external_cluster_url_is_read_as_a_cluster(tmp_path: Path) -> None:
+    values = {
+        **CASES["default"],
+        "redis": {"mode": "external", "external": {"url": "redis+cluster://n1:7000,n2"}},
+    }
+    objects = _render_values(values)
+    assert _load_config(objects, tmp_path).redis.target == Cluster(nodes=(("n1", 7000), ("n2", 6379)))
 
 
 @pytest.mark.parametrize("case", ["default", "external-redis", "external-redis-secret"])
@@ -390,7 +417,7 @@ def test_the_redis_url_is_where_the_values_say(case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_probes_and_ports_are_where_the_config_listens(case: str, tmp_path: Path) -> None:
     objects = _objects(case)
-    config = _load_config(objects, tmp_path, _loadable_url(case))
+    config = _load_config(objects, tmp_path)
     picker_pod = _pod(objects, "Deployment", PICKER)
     picker = _container(picker_pod, "picker")
     assert picker["args"][:2] == ["--config", "/etc/pointsman/pointsman.yaml"]

@@ -43,6 +43,7 @@ SLACK = 1.0
 TARGET = 1  # the pod each test breaks
 BASE_MODEL = CONFIG.models[0].model_name
 
+
 @pytest.fixture(scope="module")
 def pod_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The test config's stack with one simulator process per pod, so that one pod can die alone."""

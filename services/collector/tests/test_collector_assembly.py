@@ -16,9 +16,9 @@ import pytest
 from kube_api import FakeApi, pod, recorded
 from redis.asyncio import Redis
 
-from conftest import MemorySink
 from pointsman_collector.assembly import CollectorService, bind_listener, create_collector
 from pointsman_collector.errors import DiscoveryError
+from pointsman_collector.sink import SnapshotSink
 from pointsman_collector.targets import StaticTargets
 from pointsman_shared.codec import decode_pool
 from pointsman_shared.config import PointsmanConfig, parse_config
@@ -90,10 +90,10 @@ async def test_serves_the_pool_and_follows_the_endpoints_file(
     assert service.collector.readiness() == "shutting down"
 
 
-async def test_every_io_part_can_be_passed_in(pod_server, fixture_page) -> None:  # type: ignore[no-untyped-def]
+async def test_every_io_part_can_be_passed_in(pod_server, fixture_page, memory_sink) -> None:  # type: ignore[no-untyped-def]
     # No Redis at all: a sink in memory, a fixed clock, a target list of the test's own.
     model_server = await pod_server(fixture_page("vllm-no-lora"))
-    sink = MemorySink()
+    sink = memory_sink
     config = config_of({"pool": {"name": "mem"}, "redis": {"url": "redis://127.0.0.1:1/0"}})
     targets = [StaticTargets((model_server.address,), name="test")]
     async with serving(config, sink=sink, targets=targets, clock=lambda: 1_764_000_000.0) as (_, client):
@@ -105,11 +105,13 @@ async def test_every_io_part_can_be_passed_in(pod_server, fixture_page) -> None:
         assert await pool_pods(client) == [(model_server.address, True)]
 
 
-async def test_an_unreadable_kubeconfig_is_a_discovery_error(tmp_path: Path) -> None:
+async def test_an_unreadable_kubeconfig_is_a_discovery_error(
+    tmp_path: Path, memory_sink: SnapshotSink
+) -> None:
     config = config_of({"pool": {"kubernetes": {"kubeconfig": str(tmp_path / "absent")}}})
     # Raised before anything is made: the socket is still the caller's.
     with bind_listener("127.0.0.1", 0) as listen, pytest.raises(DiscoveryError, match="kubeconfig"):
-        create_collector(config, sink=MemorySink(), listen=listen)
+        create_collector(config, sink=memory_sink, listen=listen)
 
 
 async def test_the_collector_scrapes_the_pools_ready_pods(

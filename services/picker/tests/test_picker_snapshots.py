@@ -103,6 +103,36 @@ async def test_a_bad_blob_keeps_the_last_copy(redis_url, client):
         assert version_of(source) == version
 
 
+async def test_the_same_version_with_other_data_is_read(redis_url, client):
+    # A Sentinel failover can hand out a version again: the new primary's counter lagged the old one's.
+    version = await publish(client, snapshot(pod(waiting=1)))
+    async with running(redis_url, poll_interval=0.02) as source:
+        await asyncio.wait_for(source.wait_ready(), 3)
+        await client.hset(
+            KEYS.snapshot, mapping={"version": version, "data": encode_pool(snapshot(pod(waiting=7)))}
+        )
+        await eventually(lambda: source.current().pods[0].waiting == 7)
+        assert version_of(source) == version
+
+
+async def test_a_subscription_that_hears_nothing_is_made_again(redis_url, client):
+    await publish(client, snapshot(pod()))
+    async with running(redis_url, poll_interval=60, silence=0.2) as source:
+        await asyncio.wait_for(source.wait_ready(), 3)
+        await eventually(lambda: _subscribers(client), within=2)
+        first = await _subscribers(client)
+        await eventually(lambda: _subscribers(client, other_than=first), within=2)
+        assert (await client.pubsub_numsub(KEYS.channel))[0][1] == 1  # one subscription, not a pile
+        version = await publish(client, snapshot(pod(waiting=3)))
+        await eventually(lambda: version_of(source) == version, within=2)
+
+
+async def _subscribers(client, other_than=()):
+    """The ids of the connections subscribed to the channel, when there are some not in ``other_than``."""
+    ids = {c["id"] for c in await client.client_list(_type="pubsub")}
+    return ids if ids - set(other_than) else set()
+
+
 async def test_unreachable_redis_is_survived(unused_port):
     async with running(f"redis://127.0.0.1:{unused_port}/0", poll_interval=0.05, io_timeout=0.3) as source:
         await asyncio.sleep(0.3)

@@ -20,14 +20,17 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
 )
 from pydantic.alias_generators import to_camel
 
 from pointsman_shared.durations import parse_duration
 from pointsman_shared.model_server import PRESETS, MetricNames
+from pointsman_shared.redis_url import SENTINEL_PORT, RedisTarget, Sentinel, parse_redis_url, redacted
 
 API_VERSION: Final = "pointsman.dev/v1alpha1"
 KIND: Final = "PointsmanConfig"
@@ -98,6 +101,7 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         str_strip_whitespace=True,
+        allow_inf_nan=False,  # `.inf` (or "1e400") is no rate, weight or threshold
     )
 
 
@@ -210,15 +214,96 @@ class SchedulingConfig(_Model):
     lora_affinity_threshold: float = Field(default=0.999, ge=0, le=1)
 
 
+class RedisSentinelConfig(_Model):
+    """Redis Sentinel spelled out (what a ``redis+sentinel://`` URL says, and the Sentinels' own AUTH)."""
+
+    master_name: str = Field(min_length=1)
+    # host:port of each Sentinel (port 26379 when left out); any one that answers will do.
+    hosts: tuple[str, ...] = Field(min_length=1)
+    db: int = Field(default=0, ge=0)
+    # The Redis servers' credentials (the primary's and the replicas').
+    username: str | None = Field(default=None, min_length=1)
+    password: str | None = Field(default=None, min_length=1, repr=False)
+    # The Sentinels' own, when they require AUTH (requirepass in sentinel.conf).
+    sentinel_username: str | None = Field(default=None, min_length=1)
+    sentinel_password: str | None = Field(default=None, min_length=1, repr=False)
+    tls: bool = False
+
+    @field_validator("hosts")
+    @classmethod
+    def _addresses(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        normalized: list[str] = []
+        for i, raw in enumerate(hosts):
+            try:
+                address = join_host_port(*split_host_port(raw, SENTINEL_PORT))
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+            if address in normalized:
+                raise ValueError(f"[{i}]: {address} is listed twice")
+            normalized.append(address)
+        return tuple(normalized)
+
+    @property
+    def target(self) -> Sentinel:
+        return Sentinel(
+            master_name=self.master_name,
+            hosts=tuple(split_host_port(h) for h in self.hosts),
+            db=self.db,
+            username=self.username,
+            password=self.password,
+            sentinel_username=self.sentinel_username,
+            sentinel_password=self.sentinel_password,
+            tls=self.tls,
+        )
+
+
 class RedisConfig(_Model):
-    url: str = "redis://127.0.0.1:6379/0"
+    """Where Redis is: ``url`` (any form of ``pointsman_shared.redis_url``), or ``sentinel`` spelled out;
+    ``cluster: true`` reads a ``redis://`` URL as a Redis Cluster's start node. :attr:`target` is what
+    the clients are built from."""
+
+    # Before url: url's check reads it. A config states url or sentinel, not both.
+    sentinel: RedisSentinelConfig | None = None
+    url: str = Field(default="redis://127.0.0.1:6379/0", repr=False)  # may hold a password
+    cluster: bool = False
 
     @field_validator("url")
     @classmethod
-    def _scheme(cls, url: str) -> str:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+    def _url(cls, url: str, info: ValidationInfo) -> str:
+        if info.data.get("sentinel") is not None:
+            raise ValueError("set redis.url (or REDIS_URL) or redis.sentinel, not both")
+        parse_redis_url(url)  # RedisUrlError is a ValueError: reported at redis.url
         return url
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, cluster: bool, info: ValidationInfo) -> bool:
+        if cluster and info.data.get("sentinel") is not None:
+            raise ValueError("redis.sentinel names a Sentinel-managed Redis, not a cluster")
+        if cluster and "url" in info.data:
+            parse_redis_url(info.data["url"], cluster=True)
+        return cluster
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # With sentinel, url is only the unused default: leave it out, so the dump loads again.
+        data: dict[str, Any] = handler(self)
+        if self.sentinel is not None:
+            data.pop("url", None)
+        return data
+
+    @property
+    def target(self) -> RedisTarget:
+        if self.sentinel is not None:
+            return self.sentinel.target
+        return parse_redis_url(self.url, cluster=self.cluster)
+
+    @property
+    def display(self) -> str:
+        """Where Redis is, for logs: the URL without its password, or the Sentinels and master name."""
+        if self.sentinel is not None:
+            return f"Sentinel {','.join(self.sentinel.hosts)} master {self.sentinel.master_name}"
+        return redacted(self.url) + (" (cluster)" if self.cluster else "")
 
 
 class CollectorConfig(_Model):
@@ -369,6 +454,10 @@ def load_document(path: str | Path) -> dict[str, Any]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, [("", f"not valid YAML: {exc}")]) from None
+    # PyYAML's constructors raise these for values it scanned but cannot build (a 2001-02-30 timestamp,
+    # "!!int 0b"), and the composer recurses once per level of nesting.
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise ConfigError(source, [("", f"not valid YAML: {type(exc).__name__}: {exc}")]) from None
     if doc is None:
         raise ConfigError(source, [("", "the file is empty (at least `kind: PointsmanConfig`)")])
     if not isinstance(doc, dict):
@@ -389,6 +478,7 @@ def _with_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
 
 # A validator that checks list items reports "[i]: message" or "[i].key ...": fold that into the path.
 _ITEM_PREFIX = re.compile(r"^(\[\d+\](?:\.\w+)*):?\s*")
+_PLAIN_KEY = re.compile(r"[^\s.\[\]\"']+")
 
 
 def validation_problems(exc: ValidationError) -> list[tuple[str, str]]:
@@ -403,7 +493,9 @@ def _problem(loc: tuple[int | str, ...], msg: str) -> tuple[str, str]:
         if isinstance(part, int):
             path += f"[{part}]"
         elif not part.startswith(("function-", "tagged-union")):  # pydantic's names, not the document's
-            path += f".{part}" if path else part
+            # A key that would read as no path or as another path ("", "pool.name") is quoted.
+            key = part if _PLAIN_KEY.fullmatch(part) else repr(part)
+            path += f".{key}" if path else key
     message = msg.removeprefix("Value error, ")
     if match := _ITEM_PREFIX.match(message):
         path += match.group(1)

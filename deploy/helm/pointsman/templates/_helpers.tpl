@@ -128,7 +128,8 @@ config, the container ports and the Service follow it.
 {{- $redis.external.url -}}
 {{- else -}}
 {{- $auth := "" -}}
-{{- if $redis.sentinel.password -}}{{- $auth = printf ":%s@" $redis.sentinel.password -}}{{- end -}}
+{{- /* Percent-encoded: a password may hold "@", "/" or ":". */ -}}
+{{- if $redis.sentinel.password -}}{{- $auth = printf ":%s@" ($redis.sentinel.password | urlquery | replace "+" "%20") -}}{{- end -}}
 {{- printf "redis+sentinel://%s%s/%s/%v" $auth (join "," $redis.sentinel.hosts) $redis.sentinel.masterName $redis.sentinel.db -}}
 {{- end -}}
 {{- end -}}

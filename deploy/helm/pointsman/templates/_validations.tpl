@@ -17,8 +17,8 @@ type and allowed words, this what depends on several. */}}
 {{- if and (eq $v.redis.mode "external") (not (or $v.redis.external.url $v.redis.external.existingSecret)) -}}
 {{- fail "redis.mode external needs redis.external.url or redis.external.existingSecret" -}}
 {{- end -}}
-{{- if and (eq $v.redis.mode "external") $v.redis.external.url (not (regexMatch "^(rediss?|unix)://" $v.redis.external.url)) -}}
-{{- fail "redis.external.url must start with redis://, rediss:// or unix://" -}}
+{{- if and (eq $v.redis.mode "external") $v.redis.external.url (not (regexMatch "^(rediss?|unix|rediss?\\+cluster)://" $v.redis.external.url)) -}}
+{{- fail "redis.external.url must start with redis://, rediss://, unix:// or redis+cluster:// (rediss+cluster://); for Sentinel set redis.mode sentinel" -}}
 {{- end -}}
 {{- if and (eq $v.redis.mode "sentinel") (not $v.redis.sentinel.hosts) -}}
 {{- fail "redis.mode sentinel needs redis.sentinel.hosts (host:port of each Sentinel)" -}}

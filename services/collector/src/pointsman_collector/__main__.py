@@ -80,7 +80,7 @@ async def serve(config: PointsmanConfig) -> int:
         config.pool.name,
         len(service.endpoints),
         config.collector.interval * 1000,
-        _redacted(config.redis.url),
+        config.redis.display,
         config.collector.listen,
     )
     failure: str | None = None
@@ -96,12 +96,6 @@ async def serve(config: PointsmanConfig) -> int:
         return 1
     log.info("stopped")
     return 0
-
-
-def _redacted(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    credentials, at, location = rest.rpartition("@")
-    return f"{scheme}{sep}***@{location}" if at and credentials else url
 
 
 if __name__ == "__main__":

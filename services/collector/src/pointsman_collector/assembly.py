@@ -22,7 +22,6 @@ from types import TracebackType
 
 import uvicorn
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from pointsman_collector.app import create_app
@@ -36,6 +35,7 @@ from pointsman_collector.targets import FileTargets, Sources, StaticTargets, Tar
 from pointsman_shared.aio import wait_event
 from pointsman_shared.config import PointsmanConfig, split_host_port
 from pointsman_shared.keys import RedisKeys
+from pointsman_shared.redis_client import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def create_collector(
     config: PointsmanConfig,
     *,
     registry: CollectorRegistry | None = None,
-    redis: Redis | None = None,
+    redis: RedisClient | None = None,
     sink: SnapshotSink | None = None,
     targets: Sequence[TargetSource] | None = None,
     clock: Clock = time.time,
@@ -63,8 +63,9 @@ def create_collector(
 
     - ``registry``: where its metrics go (default: a fresh one, ``service.registry``);
     - ``redis``: the client for the sink and the membership; the caller closes it. Default: one for
-      ``redis.url``, closed by :meth:`CollectorService.aclose`; none is made when ``sink`` is given and
-      ``collector.sharing`` is off;
+      ``config.redis`` (one server, Sentinel's primary or a cluster), closed by
+      :meth:`CollectorService.aclose`; none is made when ``sink`` is given and ``collector.sharing`` is
+      off;
     - ``sink``: where snapshots go (default: Redis, merged with the other replicas' when sharing);
     - ``targets``: the sources of endpoints (default: :func:`config_targets` of ``config``, ``environ``);
     - ``clock``: wall-clock seconds, for update times and staleness;
@@ -81,9 +82,9 @@ def create_collector(
     sources = list(targets) if targets is not None else config_targets(config, environ)
     keys = RedisKeys(config.pool.name)
     settings = config.collector
-    owned_redis: Redis | None = None
+    owned_redis: RedisClient | None = None
     if redis is None and (sink is None or settings.sharing):
-        redis = owned_redis = redis_client(config.redis.url)
+        redis = owned_redis = redis_client(config.redis.target)
     # A replica's name in the pool's member set: unique per process, readable in logs.
     me = me or f"{socket.gethostname()}-{os.getpid()}"
     if sink is None:
@@ -192,7 +193,7 @@ class CollectorService:
         sharing: _Sharing | None,
         server: uvicorn.Server,
         listen: socket.socket,
-        owned_redis: Redis | None,
+        owned_redis: RedisClient | None,
     ) -> None:
         self.collector = collector
         self.registry = registry

@@ -22,13 +22,13 @@ import logging
 from collections.abc import Callable, Iterable
 
 import orjson
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from pointsman_collector.sink import publish_error
+from pointsman_collector.sink import publish_error, run_script
 from pointsman_shared.aio import raise_if_cancelling
 from pointsman_shared.codec import CODEC_VERSION, PoolEncoder
 from pointsman_shared.keys import RedisKeys
+from pointsman_shared.redis_client import RedisClient
 from pointsman_shared.snapshot import PoolSnapshot
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Membership:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         keys: RedisKeys,
         *,
         me: str,
@@ -109,7 +109,7 @@ class Membership:
 
     async def renew(self) -> list[str]:
         """Renew this replica's lease; return the live members. Raises RedisError or OSError."""
-        members = await self._renew(keys=[self._key], args=[self._me, self._lease_ms])
+        members = await run_script(self._renew, [self._key], [self._me, self._lease_ms])
         return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
 
     async def run(self) -> None:
@@ -183,7 +183,7 @@ class ShardSink:
     """A :class:`~pointsman_collector.sink.SnapshotSink` for a sharing replica: publishes its pods merged
     with the other live replicas' into the one pool snapshot."""
 
-    def __init__(self, client: Redis, keys: RedisKeys, *, me: str, ttl: float) -> None:
+    def __init__(self, client: RedisClient, keys: RedisKeys, *, me: str, ttl: float) -> None:
         self._keys = (keys.sequence, keys.snapshot, keys.channel, keys.members, keys.shards)
         self._me = me
         self._ttl_ms = max(1, round(ttl * 1000))
@@ -198,7 +198,7 @@ class ShardSink:
         pool_name = orjson.dumps(pool.pool)
         args = (self._me, lines, self._ttl_ms, pool_name, repr(pool.published_at), CODEC_VERSION)
         try:
-            version = await self._script(keys=self._keys, args=args)
+            version = await run_script(self._script, self._keys, args)
         except (RedisError, OSError) as exc:
             raise publish_error(exc) from None
         return int(version)

@@ -1,21 +1,29 @@
-"""Where pool snapshots go: Redis, written atomically by one Lua script (docs/redis-schema.md)."""
+"""Where pool snapshots go: Redis, written atomically by one Lua script (docs/redis-schema.md).
+
+One server, Sentinel's primary or a Redis Cluster (``pointsman_shared.redis_client``): the script's keys
+share one hash slot. After a Sentinel failover a failed publish's retry (or the next publish) connects
+to the new primary; a demoted primary's ``READONLY`` counts as a connection error, so it is retried too.
+"""
 
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import AbstractBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pointsman_collector.errors import PublishError
 from pointsman_shared.backoff import Backoff, Jitter
 from pointsman_shared.codec import PoolEncoder
 from pointsman_shared.keys import RedisKeys
+from pointsman_shared.redis_client import ClientOptions, RedisClient, create_client
+from pointsman_shared.redis_url import RedisTarget
 from pointsman_shared.snapshot import PoolSnapshot
 
 
@@ -49,7 +57,7 @@ PUBLISH_RETRIES = 2
 
 
 class RedisSnapshotSink:
-    def __init__(self, client: Redis, keys: RedisKeys, *, ttl: float) -> None:
+    def __init__(self, client: RedisClient, keys: RedisKeys, *, ttl: float) -> None:
         self._client = client
         self._keys = (keys.sequence, keys.snapshot, keys.channel)
         self._ttl_ms = max(1, round(ttl * 1000))
@@ -58,17 +66,17 @@ class RedisSnapshotSink:
         self._encoder = PoolEncoder()  # pods not scraped since the last publish keep their bytes
 
     @classmethod
-    def from_url(cls, url: str, keys: RedisKeys, *, ttl: float) -> RedisSnapshotSink:
+    def from_url(cls, url: RedisTarget | str, keys: RedisKeys, *, ttl: float) -> RedisSnapshotSink:
         return cls(redis_client(url), keys, ttl=ttl)
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> RedisClient:
         return self._client
 
     async def publish(self, pool: PoolSnapshot) -> int:
         blob = self._encoder.pool(pool)
         try:
-            version = await self._script(keys=self._keys, args=(blob, self._ttl_ms))
+            version = await run_script(self._script, self._keys, (blob, self._ttl_ms))
         except (RedisError, OSError) as exc:
             raise publish_error(exc) from None
         return int(version)
@@ -77,15 +85,29 @@ class RedisSnapshotSink:
         await self._client.aclose()
 
 
-def redis_client(url: str, *, rng: random.Random | None = None) -> Redis:
-    """A client that retries a failed command :data:`PUBLISH_RETRIES` times, as :data:`PUBLISH_RETRY` says."""
-    return Redis.from_url(
-        url,
-        retry=Retry(RetryBackoff(PUBLISH_RETRY, rng or random.Random()), retries=PUBLISH_RETRIES),
-        socket_timeout=_SOCKET_TIMEOUT,
-        socket_connect_timeout=_SOCKET_TIMEOUT,
-        health_check_interval=30,
+def redis_client(target: RedisTarget | str, *, rng: random.Random | None = None) -> RedisClient:
+    """A client (one server, Sentinel's primary or a cluster) that retries a failed command
+    :data:`PUBLISH_RETRIES` times, as :data:`PUBLISH_RETRY` says."""
+    return create_client(
+        target,
+        ClientOptions(
+            retry=Retry(RetryBackoff(PUBLISH_RETRY, rng or random.Random()), retries=PUBLISH_RETRIES),
+            socket_timeout=_SOCKET_TIMEOUT,
+            connect_timeout=_SOCKET_TIMEOUT,
+            health_check_interval=30,
+            sentinel_timeout=_SOCKET_TIMEOUT,
+        ),
     )
+
+
+async def run_script(script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """``script`` on ``keys`` and ``args``. redis-py's script loads itself when Redis answers NOSCRIPT; if the
+    server changed between that load and the call (a Sentinel failover: the load went to the demoted
+    primary, the retried call to the new one), the call meets NOSCRIPT again: load it there, once."""
+    try:
+        return await script(keys=keys, args=args)
+    except NoScriptError:
+        return await script(keys=keys, args=args)
 
 
 class RetryBackoff(AbstractBackoff):

@@ -176,10 +176,12 @@ class PickerApp:
                 await self._ready_task
         if self._server is not None or self._native is not None:
             log.info("stopping: %d open streams, grace %.1fs", self.service.open_streams, grace)
+            self.service.shutting_down(grace)
             if self._server is not None:
                 await self._server.stop(grace)
             if self._native is not None:
                 await self._native.stop(grace)
+            # Only the streams still open when the grace ran out (not every stream Envoy reset).
             log.info("ext_proc server stopped (%d streams cut short)", self.service.unfinished_streams)
         if self._health_server is not None:
             await self._health_server.stop(None)
@@ -233,7 +235,7 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
         ("picker.healthListen", old.picker.health_listen, new.picker.health_listen),
         ("picker.metricsListen", old.picker.metrics_listen, new.picker.metrics_listen),
         ("picker.server", old.picker.server, new.picker.server),
-        ("redis.url", old.redis.url, new.redis.url),
+        ("redis", old.redis.display, new.redis.display),
         ("pool.name", old.pool.name, new.pool.name),
     ]
     return [(what, a, b) for what, a, b in pairs if a != b]
@@ -249,7 +251,7 @@ def create_app(
 ) -> PickerApp:
     return PickerApp(
         config,
-        source=source or RedisSnapshotSource(config.redis.url, RedisKeys(config.pool.name)),
+        source=source or RedisSnapshotSource(config.redis.target, RedisKeys(config.pool.name)),
         registry=registry if registry is not None else CollectorRegistry(),
         rng=rng or random.Random(),
         clock=clock,

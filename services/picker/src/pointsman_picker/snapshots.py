@@ -5,6 +5,10 @@ background job. :class:`RedisSnapshotSource` re-reads the snapshot hash when the
 new version on the pool's channel, and polls it as a safety net. When Redis is unreachable it keeps the
 last copy and retries with backoff. When the hash is gone (it expires when the collector dies), there is
 no snapshot: ``pool.failureMode`` decides (see the director).
+
+Redis may be one server, Sentinel's primary or a cluster (``pointsman_shared.redis_client``). After a
+Sentinel failover the reads' next connection asks the Sentinels for the new primary, and the lost
+subscription is made again there.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import logging
 import random
 from typing import Protocol
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -25,6 +28,8 @@ from pointsman_shared.aio import wait_event
 from pointsman_shared.backoff import Backoff, Jitter
 from pointsman_shared.codec import CodecError, decode_pool
 from pointsman_shared.keys import RedisKeys
+from pointsman_shared.redis_client import ClientOptions, RedisClient, create_client
+from pointsman_shared.redis_url import RedisTarget, parse_redis_url
 from pointsman_shared.snapshot import PoolSnapshot
 
 log = logging.getLogger(__name__)
@@ -71,29 +76,37 @@ class StaticSnapshotSource:
 # that outgrew picker.maxStaleness (2 s): the retries stay under half a second, jittered so that many
 # picker replicas do not come back in step.
 RETRY = Backoff(initial=0.1, maximum=0.5, jitter=Jitter.EQUAL)
+# A subscription that hears nothing this long is made again (five of the collector's once-a-second
+# announcements missed): polling keeps the copy fresh meanwhile, the subscription only speeds it up.
+SILENCE = 5.0
 
 
 class RedisSnapshotSource:
+    """The snapshot of ``keys`` in the Redis ``target`` names (a URL is parsed at once: RedisUrlError)."""
+
     def __init__(
         self,
-        url: str,
+        target: RedisTarget | str,
         keys: RedisKeys,
         *,
         poll_interval: float = 0.5,
         backoff: Backoff = RETRY,
         io_timeout: float = 1.0,
+        silence: float = SILENCE,
         rng: random.Random | None = None,
     ) -> None:
-        self._url = url
+        self._target = parse_redis_url(target) if isinstance(target, str) else target
         self._keys = keys
         self._poll_interval = poll_interval
         self._backoff = backoff
         self._rng = rng if rng is not None else random.Random()
         self._io_timeout = io_timeout
+        self._silence = silence
         self._snapshot: PoolSnapshot | None = None
+        self._blob = b""  # the encoded self._snapshot
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
-        self._client: aioredis.Redis | None = None
+        self._client: RedisClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._bad_version: int | None = None
 
@@ -107,12 +120,15 @@ class RedisSnapshotSource:
         # No retries inside the client: the loops below own retrying, with their own backoff.
         # socket_timeout stays None: when set, redis-py wraps writes in asyncio.wait_for, which on
         # Python 3.11 can swallow a task's cancellation (gh-86296) and hang shutdown. Reads are bounded
-        # with asyncio.timeout in refresh() instead.
-        self._client = aioredis.Redis.from_url(
-            self._url,
-            socket_timeout=None,
-            socket_connect_timeout=self._io_timeout,
-            retry=Retry(NoBackoff(), 0),
+        # with asyncio.timeout in refresh() instead. Questions to Sentinels are short and bounded.
+        self._client = create_client(
+            self._target,
+            ClientOptions(
+                socket_timeout=None,
+                connect_timeout=self._io_timeout,
+                retry=Retry(NoBackoff(), 0),
+                sentinel_timeout=self._io_timeout,
+            ),
         )
         self._tasks = [
             asyncio.create_task(self._poll_loop(), name="snapshot-poll"),
@@ -149,16 +165,19 @@ class RedisSnapshotSource:
         except ValueError:
             self._reject(-1, f"version {version_raw!r} is not an integer")
             return
-        if self._snapshot is not None and self._snapshot.version == version:
+        blob = data if isinstance(data, bytes) else data.encode()
+        # The same version with other data is another snapshot: after a Sentinel failover the new
+        # primary's counter can be a few publishes behind the old one's, and hand out a version again.
+        if self._snapshot is not None and self._snapshot.version == version and blob == self._blob:
             return
         try:
-            snapshot = decode_pool(data if isinstance(data, bytes) else data.encode(), version)
+            snapshot = decode_pool(blob, version)
         except CodecError as exc:
             self._reject(version, str(exc))
             return
         if self._snapshot is None:
             log.info("snapshot version %d: %d pods", version, len(snapshot.pods))
-        self._snapshot = snapshot
+        self._snapshot, self._blob = snapshot, blob
         self._ready.set()
 
     def _reject(self, version: int, why: str) -> None:
@@ -188,20 +207,31 @@ class RedisSnapshotSource:
         assert self._client is not None
         failures = 0
         while True:
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            # A cluster client reads the slot map first: its pub/sub picks the node by the channel's slot.
+            pubsub = None
             try:
+                await self._client.initialize()
+                pubsub = self._client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(self._keys.channel)
                 self._wake.set()  # publishes may have been missed while unsubscribed
                 failures = 0
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                loop = asyncio.get_running_loop()
+                heard = loop.time()
+                # The collector announces at least once a second. A subscription silent for longer may
+                # sit on a server that is no longer the primary (a Sentinel failover that left it up):
+                # make it again, on a connection that asks where the primary is.
+                while loop.time() - heard < self._silence:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
+                        heard = loop.time()
                         self._wake.set()
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # Redis unreachable, or a bug: polling goes on, and so do we
                 failures += 1
                 if failures == 1:
-                    log.warning("snapshot subscription lost (polling continues): %s", exc)
+                    bug = None if isinstance(exc, RedisError | OSError) else exc
+                    log.warning("snapshot subscription lost (polling continues): %s", exc, exc_info=bug)
             finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                if pubsub is not None:
+                    with contextlib.suppress(RedisError, OSError):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
             await asyncio.sleep(self._backoff.delay(failures, self._rng))
