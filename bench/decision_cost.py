@@ -1,6 +1,7 @@
 """What one routing decision costs, measured in-process.
 
-- the pure schedule (the #423 filter tree + the final pick) over 3 and 512 pods;
+- the pure schedule (the #423 filter tree + the final pick; and config/profiles/best.yaml) over 3 and
+  512 pods;
 - the director (parse the body, resolve the model, rewrite the body, pick; release a request routed
   100 routes before) without gRPC;
 - a full ext_proc stream (request headers + body -> two responses) through the real grpc.aio server on
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc
+import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -37,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from pointsman_picker.director import Director, Routing
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.scheduling import Scheduler, SchedulingRequest
+from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.config import PointsmanConfig, SchedulingConfig, parse_config
@@ -44,6 +47,7 @@ from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
 T = TypeVar("T")
 RESULTS = Path(__file__).parent / "results" / "decision_cost.json"
+BEST = Path(__file__).parent.parent / "config" / "profiles" / "best.yaml"
 NOW = time.time()
 
 
@@ -105,17 +109,19 @@ def per_call_us(fn: Callable[[], object], *, budget: float = 0.6) -> float:
 
 
 def bench_schedule() -> dict[str, float]:
+    best = build_profile(parse_config(yaml.safe_load(BEST.read_text(encoding="utf-8"))))
     out: dict[str, float] = {}
-    for n in (3, 512):
-        pods = make_pods(n, random.Random(n))
-        scheduler = Scheduler(SchedulingConfig(), random.Random(1))
-        for name, request in (
-            ("critical", SchedulingRequest("adapter-1", critical=True)),
-            ("sheddable", SchedulingRequest("adapter-1", critical=False)),
-        ):
-            out[f"schedule_{name}_{n}_pods_us"] = per_call_us(
-                lambda s=scheduler, r=request, p=pods: s.schedule(r, p)
-            )
+    for prefix, profile in (("", None), ("best_", best)):
+        for n in (3, 512):
+            pods = make_pods(n, random.Random(n))
+            scheduler = Scheduler(SchedulingConfig(), random.Random(1), profile=profile)
+            for name, request in (
+                ("critical", SchedulingRequest("adapter-1", critical=True)),
+                ("sheddable", SchedulingRequest("adapter-1", critical=False)),
+            ):
+                out[f"schedule_{prefix}{name}_{n}_pods_us"] = per_call_us(
+                    lambda s=scheduler, r=request, p=pods: s.schedule(r, p)
+                )
     return out
 
 

@@ -1,10 +1,9 @@
-"""The scheduling behaviour of the `best` profile (config/profiles/best.yaml): the least-work and LoRA
-spread-affinity filters, the prefill backlog and target count the director keeps for them, and their
-config errors."""
+"""The scheduling behaviour of the `best` profile (config/profiles/best.yaml): which profiles read the
+prefill backlog, the backlog and target count the director keeps for them, and the config errors of
+its filters. The least-work and LoRA spread-affinity filters' own tables are in test_picker_filters.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 import time
@@ -19,15 +18,11 @@ from prometheus_client import CollectorRegistry
 from pointsman_picker.assignments import PrefillBacklog, RecentTargets
 from pointsman_picker.director import Director, estimate_prompt_tokens
 from pointsman_picker.metrics import PickerMetrics
-from pointsman_picker.scheduling import Node, SchedulingRequest
-from pointsman_picker.scheduling.filters import (
-    least_kv_cache,
-    least_work,
-    lora_spread_affinity,
-    uses_pending_prefill,
-)
+from pointsman_picker.scheduling import Node
+from pointsman_picker.scheduling.filters import LeastKvCache, LeastWork
 from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import build_profile
+from pointsman_picker.scheduling.tree import reads_pending_prefill
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.config import parse_config
 from pointsman_shared.snapshot import PodSnapshot
@@ -35,178 +30,13 @@ from pointsman_shared.snapshot import PodSnapshot
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 
 
-def busy(waiting: int = 0, running: int = 0, kv: float = 0.0, **kw: Any) -> PodSnapshot:
-    return dataclasses.replace(pod(waiting, kv, **kw), running=running)
-
-
-def addresses(pods: Any) -> list[str]:
-    return [p.address for p in pods]
-
-
-def request(pending: dict[str, float] | None = None, target: str | None = "x") -> SchedulingRequest:
-    return SchedulingRequest(target, critical=True, pending_prefill=pending or {})
-
-
-# -- least work -------------------------------------------------------------------------------------
-# (perPendingToken, perRunning, perKvCache, perWaiting, tolerance)
-MS = (0.0345, 0.04, 20.0, 7.0, 3.5)
-
-
-@pytest.mark.parametrize(
-    ("name", "weights", "pods", "pending", "expected"),
-    [
-        ("all idle: all kept", MS, [busy(address="a"), busy(address="b")], {}, ["a", "b"]),
-        (
-            "a long prompt assigned lately sends the next one elsewhere",
-            MS,
-            [busy(address="a"), busy(address="b")],
-            {"a": 1500.0},
-            ["b"],
-        ),
-        (
-            "a few pending tokens are within the tolerance",
-            MS,
-            [busy(address="a"), busy(address="b")],
-            {"a": 50.0},
-            ["a", "b"],
-        ),
-        (
-            "a waiting request weighs 7 ms",
-            MS,
-            [busy(1, address="a"), busy(0, address="b"), busy(0, 50, address="c")],
-            {},
-            ["b", "c"],
-        ),
-        (
-            "running and KV cache add up against pending tokens",
-            MS,
-            [busy(0, 200, 0.5, address="a"), busy(address="b")],
-            {"b": 400.0},
-            ["b"],
-        ),
-        (
-            "weights of 0 ignore a signal",
-            (0.0, 0.0, 0.0, 1.0, 0.0),
-            [busy(0, 200, 0.9, address="a"), busy(1, address="b")],
-            {"a": 9999.0},
-            ["a"],
-        ),
-        ("one pod is kept as it is", MS, [busy(9, address="a")], {"a": 10_000.0}, ["a"]),
-        ("no pods", MS, [], {}, []),
-    ],
-)
-def test_least_work(name, weights, pods, pending, expected):
-    kept = least_work(*weights)(request(pending), tuple(pods), random.Random(0))
-    assert addresses(kept) == expected, name
-
-
-# -- LoRA spread affinity ---------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("name", "pods", "expected"),
-    [
-        (
-            "the pods with the adapter while they are not much busier than the mean",
-            [
-                busy(0, 100, max_lora=2, adapters={"x"}, address="near"),
-                busy(0, 95, max_lora=2, address="free"),
-            ],
-            ["near"],
-        ),
-        (
-            "spread to a free slot once the adapter's pods are past the mean by 10% + 8",
-            [
-                busy(0, 150, max_lora=2, adapters={"x"}, address="near"),  # mean 125: limit 145.5
-                busy(0, 100, max_lora=2, address="free"),
-            ],
-            ["free"],
-        ),
-        (
-            "the least loaded of the adapter's pods decides",
-            [
-                busy(0, 300, max_lora=2, adapters={"x"}, address="near1"),
-                busy(0, 100, max_lora=2, adapters={"x"}, address="near2"),
-                busy(0, 100, max_lora=2, address="free"),
-            ],
-            ["near1", "near2"],
-        ),
-        (
-            "waiting counts as load",
-            [busy(30, 0, max_lora=2, adapters={"x"}, address="near"), busy(0, 0, max_lora=2, address="free")],
-            ["free"],
-        ),
-        (
-            "no spreading while an adapter somewhere waits for a slot",
-            [
-                busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
-                busy(0, 100, max_lora=2, address="free"),
-                busy(0, 125, max_lora=1, adapters={"y"}, waiting_adapters={"z"}, address="starved"),
-            ],
-            ["near"],
-        ),
-        (
-            "a pod whose slots are all taken is never spread to",
-            [
-                busy(0, 300, max_lora=1, adapters={"x"}, address="near"),
-                busy(0, 0, max_lora=1, adapters={"y"}, address="full"),
-            ],
-            ["near"],
-        ),
-        (
-            "no pod has the adapter: the free slots",
-            [
-                busy(0, 0, max_lora=1, adapters={"y"}, address="full"),
-                busy(0, 50, max_lora=2, adapters={"y"}, address="free"),
-            ],
-            ["free"],
-        ),
-        (
-            "no adapter pod and no free slot: nothing",
-            [busy(0, 0, max_lora=1, adapters={"y"}, address="full")],
-            [],
-        ),
-    ],
-)
-def test_lora_spread_affinity(name, pods, expected):
-    kept = lora_spread_affinity(1.0, 0.1, 8.0)(request(), tuple(pods), random.Random(0))
-    assert addresses(kept) == expected, name
-
-
-@pytest.mark.parametrize(
-    ("name", "recent", "share", "expected"),
-    [
-        ("targets unknown (0): spread", 0, 0.75, ["free"]),
-        ("few adapters for the slots: spread", 3, 0.75, ["free"]),
-        ("exactly the share of the 4 slots: spread", 3, 0.75, ["free"]),
-        ("more adapters than the share of the slots: stay", 4, 0.75, ["near"]),
-        ("a share of 1 allows one adapter per slot", 4, 1.0, ["free"]),
-    ],
-)
-def test_lora_spread_affinity_leaves_the_slots_to_adapters_when_there_are_many(name, recent, share, expected):
-    pods = (
-        busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
-        busy(0, 100, max_lora=2, address="free"),
-    )
-    req = dataclasses.replace(request(), recent_targets=recent)
-    assert addresses(lora_spread_affinity(1.0, 0.1, 8.0, share)(req, pods, random.Random(0))) == expected, (
-        name
-    )
-
-
-def test_lora_spread_affinity_keeps_the_soft_threshold():
-    pods = (busy(max_lora=2, adapters={"x"}, address="near"), busy(max_lora=2, address="free"))
-    fn = lora_spread_affinity(0.9, 0.1, 8.0)
-    rng = random.Random(3)
-    picks = [addresses(fn(request(), pods, rng)) for _ in range(2000)]
-    assert 0.85 < picks.count(["near"]) / len(picks) < 0.95
-
-
 # -- which profiles need the backlog ---------------------------------------------------------------
 def test_only_trees_with_a_least_work_filter_read_the_pending_prefill():
-    work = Node("work", least_work(*MS))
-    kv = Node("kv", least_kv_cache)
-    assert uses_pending_prefill(Node("root", least_kv_cache, on_failure=work))
-    assert not uses_pending_prefill(Node("root", least_kv_cache, on_success=kv))
-    assert not uses_pending_prefill(None)
+    work = Node("work", LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5))
+    kv = Node("kv", LeastKvCache())
+    assert reads_pending_prefill(Node("root", LeastKvCache(), on_failure=work))
+    assert not reads_pending_prefill(Node("root", LeastKvCache(), on_success=kv))
+    assert not reads_pending_prefill(None)
 
 
 def best_doc() -> dict[str, Any]:

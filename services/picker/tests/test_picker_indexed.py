@@ -1,56 +1,72 @@
-"""Indexed pods: every filter keeps exactly what it keeps from a plain tuple, with facts fresh, worked
-out before, or carried over by ``with_waiting``; and the whole tree picks the same pods."""
+"""Indexed pods: every filter and scorer gets exactly what it gets from a plain tuple, with facts fresh,
+worked out before, or carried over by ``with_waiting``; and every profile picks the same pods with the
+same draws. (Each question of the view, on arbitrary pods: test_picker_indexed_properties.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 import pytest
+import yaml
 from picker_builders import pod
 
 from pointsman_picker.scheduling import Pods, SchedulingRequest
 from pointsman_picker.scheduling.filters import (
-    has_capacity,
-    least_kv_cache,
-    least_queuing,
-    lora_soft_affinity,
-    low_queueing,
+    HasCapacity,
+    LeastKvCache,
+    LeastQueuing,
+    LeastWork,
+    LoraSoftAffinity,
+    LoraSpreadAffinity,
+    LowQueueing,
 )
 from pointsman_picker.scheduling.indexed import IndexedPods, _copy, with_waiting
-from pointsman_picker.scheduling.plugins import random_picker
-from pointsman_picker.scheduling.profiles import DEFAULT, Profile
-from pointsman_picker.scheduling.tree import build_tree
-from pointsman_shared.config import SchedulingConfig
+from pointsman_picker.scheduling.profiles import build_profile, builtin_profiles
+from pointsman_picker.scheduling.scorers import KvCacheScorer, QueueScorer
+from pointsman_shared.config import parse_config
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot
 
 ADAPTERS = ["a", "b", "c", "d"]
 FILTERS = {
-    "low queueing": low_queueing(128),
-    "has capacity": has_capacity(5, 0.8),
-    "least queuing": least_queuing,
-    "least KV cache": least_kv_cache,
-    "LoRA soft affinity": lora_soft_affinity(0.5),
+    "low queueing": LowQueueing(128),
+    "has capacity": HasCapacity(5, 0.8),
+    "least queuing": LeastQueuing(),
+    "least KV cache": LeastKvCache(),
+    "LoRA soft affinity": LoraSoftAffinity(0.5),
+    "LoRA spread affinity": LoraSpreadAffinity(0.5, 0.1, 2.0, 0.75),
+    "least work": LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5),
 }
+SCORERS = {"queue": QueueScorer(), "KV cache": KvCacheScorer()}
 REQUESTS = [
     SchedulingRequest("a", critical=True),
-    SchedulingRequest("b", critical=False),
+    SchedulingRequest("b", critical=False, recent_targets=3),
+    SchedulingRequest("a", critical=True, recent_targets=100),
     SchedulingRequest(None, critical=True),
+    SchedulingRequest("c", critical=True, pending_prefill={"10.0.0.1:8000": 900.0, "10.0.0.3:8000": 40.0}),
 ]
 
 
 def random_pods(rng: random.Random, n: int) -> Pods:
-    """Waiting around the thresholds (5, 128), KV around 0.8, some pods without a free adapter slot."""
-    return tuple(
-        pod(
-            rng.choice([0, 1, 3, 5, 6, 127, 128, 300]),
-            rng.choice([0.0, 0.3, 0.8, 0.81, 1.0]),
-            rng.randrange(0, 3),
-            rng.sample(ADAPTERS, rng.randrange(0, 3)),
-            address=f"10.0.0.{i}:8000",
+    """Waiting around the thresholds (5, 128), KV around 0.8, some pods without a free adapter slot, a
+    few with an adapter waiting for one; adapter "a" is hot (its pods busy, so it spreads at times)."""
+    pods = []
+    for i in range(n):
+        adapters = rng.sample(ADAPTERS, rng.randrange(0, 3))
+        hot = "a" in adapters and rng.random() < 0.8
+        pods.append(
+            pod(
+                rng.choice([0, 1, 3, 5, 6, 127, 128, 300]),
+                rng.choice([0.0, 0.3, 0.8, 0.81, 1.0]),
+                rng.randrange(0, 3),
+                adapters,
+                address=f"10.0.0.{i}:8000",
+                running=rng.choice([0, 2, 40]) + (400 if hot else 0),
+                waiting_adapters=rng.sample(ADAPTERS, rng.random() < 0.02),
+            )
         )
-        for i in range(n)
-    )
+    return tuple(pods)
 
 
 def waiting_changes(rng: random.Random, pods: Pods) -> dict[int, int]:
@@ -71,22 +87,26 @@ def warmed(pods: IndexedPods) -> IndexedPods:
     return pods
 
 
-def same_by_every_filter(indexed: Pods, plain: Pods, seed: int) -> None:
+def same_by_every_plugin(indexed: Pods, plain: Pods, seed: int) -> None:
     assert indexed == plain
     for name, fn in FILTERS.items():
         for request in REQUESTS:
-            got = fn(request, indexed, random.Random(seed))
-            assert got == fn(request, plain, random.Random(seed)), (name, request)
+            a, b = random.Random(seed), random.Random(seed)
+            got = fn(request, indexed, a)
+            assert got == fn(request, plain, b), (name, request)
+            assert a.random() == b.random(), (name, request)  # the same draws
             # What a filter keeps is plain (facts would not fit it), unless it keeps every pod.
             assert type(got) is tuple or got is indexed
+    for name, scorer in SCORERS.items():
+        assert scorer(REQUESTS[0], indexed) == scorer(REQUESTS[0], plain), name
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_filters_keep_the_same_pods_from_indexed_pods(seed):
     rng = random.Random(seed)
     plain = random_pods(rng, rng.randrange(0, 40))
-    same_by_every_filter(IndexedPods(plain), plain, seed)  # facts worked out on the way
-    same_by_every_filter(warmed(IndexedPods(plain)), plain, seed)  # facts worked out before
+    same_by_every_plugin(IndexedPods(plain), plain, seed)  # facts worked out on the way
+    same_by_every_plugin(warmed(IndexedPods(plain)), plain, seed)  # facts worked out before
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -98,15 +118,23 @@ def test_facts_carried_over_by_with_waiting_match_fresh_ones(seed):
         plain = tuple(with_waiting(tuple(indexed), changes))
         indexed = with_waiting(indexed, changes)
         assert [p.waiting for p in indexed] == [p.waiting for p in plain]
-        same_by_every_filter(indexed, plain, seed)
+        same_by_every_plugin(indexed, plain, seed)
 
 
+SHIPPED = Path(__file__).resolve().parents[3] / "config" / "profiles"
+PROFILES = {
+    **builtin_profiles(parse_config({})),  # the #423 tree and the scorers
+    "best": build_profile(parse_config(yaml.safe_load((SHIPPED / "best.yaml").read_text(encoding="utf-8")))),
+}
+
+
+@pytest.mark.parametrize("name", PROFILES)
 @pytest.mark.parametrize("seed", range(20))
-def test_the_tree_picks_the_same_pods_from_indexed_pods(seed):
+def test_every_profile_picks_the_same_pods_from_indexed_pods(seed, name):
     rng = random.Random(seed)
     plain = random_pods(rng, rng.randrange(1, 40))
     indexed = IndexedPods(plain)
-    profile = Profile(DEFAULT, (build_tree(SchedulingConfig()),), (), random_picker)
+    profile = PROFILES[name]
     for request in REQUESTS:
         a, b = random.Random(seed), random.Random(seed)
         for _ in range(20):  # the same draws in the same order

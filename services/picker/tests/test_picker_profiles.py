@@ -11,8 +11,9 @@ import pytest
 import yaml
 from picker_builders import pod
 
-from pointsman_picker.scheduling import NoCapacity, Scheduler, SchedulingRequest
-from pointsman_picker.scheduling.plugins import PluginError, max_score_picker
+from pointsman_picker.scheduling import Drop, Scheduler, SchedulingRequest
+from pointsman_picker.scheduling.pickers import MaxScorePicker
+from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import Profile, build_profile
 from pointsman_shared.config import PointsmanConfig, SchedulingConfig, parse_config
 
@@ -43,7 +44,7 @@ REQUESTS = [SchedulingRequest("x", critical=True), SchedulingRequest("x", critic
 
 
 def outcome(result: Any) -> str:
-    return "dropped" if isinstance(result, NoCapacity) else result.address
+    return "dropped" if isinstance(result, Drop) else result.address
 
 
 @pytest.mark.parametrize("pods", POD_SETS)
@@ -83,7 +84,7 @@ def test_the_scorer_profile_prefers_the_adapter_and_the_short_queue(doc, profile
 def test_scores_are_clamped_and_weighted():
     loud = ("loud", 1.0, lambda request, pods: [5.0, -3.0])  # clamped to 1 and 0
     quiet = ("quiet", 0.5, lambda request, pods: [0.0, 1.0])
-    profile = Profile("p", (), (loud, quiet), max_score_picker)
+    profile = Profile("p", (), (loud, quiet), MaxScorePicker())
     pods = (pod(address="a"), pod(address="b"))
     assert profile.schedule(REQUESTS[0], pods, random.Random(0)).address == "a"  # 1.0 beats 0.5
 
@@ -94,7 +95,7 @@ def test_a_filter_that_keeps_nothing_drops_the_request():
         "profiles": [{"name": "strict", "plugins": [{"pluginRef": "low-queue-filter"}]}],
     }
     result = build_profile(config_with(doc, "strict")).schedule(REQUESTS[0], (pod(5),), random.Random(0))
-    assert result == NoCapacity("no pod left after low-queue-filter")
+    assert result == Drop("no pod left after low-queue-filter")
 
 
 def profile_of(*refs: str) -> list[dict[str, Any]]:

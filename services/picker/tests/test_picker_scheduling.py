@@ -1,4 +1,5 @@
-"""The #423 filter tree (spec §5): upstream's cases as tables, and the tree's walking rules."""
+"""The #423 filter tree (spec §5) and the scheduler: upstream's cases as tables, and the tree's walking
+rules. The filters' own tables are in test_picker_filters.py."""
 
 from __future__ import annotations
 
@@ -8,22 +9,8 @@ from collections import Counter
 import pytest
 from picker_builders import pod
 
-from pointsman_picker.scheduling import (
-    Drop,
-    NoCapacity,
-    Node,
-    Scheduler,
-    SchedulingRequest,
-    run_tree,
-)
-from pointsman_picker.scheduling.filters import (
-    either_way,
-    has_capacity,
-    least_kv_cache,
-    least_queuing,
-    lora_soft_affinity,
-    low_queueing,
-)
+from pointsman_picker.scheduling import Drop, Node, Scheduler, SchedulingRequest, run_tree
+from pointsman_picker.scheduling.tree import DROP_SHEDDABLE, either_way
 from pointsman_shared.config import SchedulingConfig
 
 CRITICAL = SchedulingRequest(target_model="critical", critical=True)
@@ -97,100 +84,18 @@ def test_schedule_picks(name, request_, pods, expected):
     ],
 )
 def test_case3_sheddable_without_capacity_is_dropped(pods):
-    assert isinstance(schedule(SHEDDABLE, *pods), NoCapacity)
+    assert isinstance(schedule(SHEDDABLE, *pods), Drop)
+    assert schedule(SHEDDABLE, *pods) == DROP_SHEDDABLE  # the tree's own branch is the outcome
 
 
 def test_critical_is_never_dropped_when_a_pod_exists():
     assert schedule(CRITICAL, pod(500, 1.0, address="busy")).address == "busy"
 
 
-@pytest.mark.parametrize(
-    ("fn", "pods", "expected"),
-    [
-        # 4: least queuing on 0, 3, 10 keeps 0 and 3 (band 0 + 10 // 3 = 3)
-        (least_queuing, [pod(0, address="a"), pod(3, address="b"), pod(10, address="c")], ["a", "b"]),
-        # integer division: 0 + 5 // 2 = 2 keeps only 0
-        (least_queuing, [pod(0, address="a"), pod(5, address="b")], ["a"]),
-        (least_queuing, [pod(7, address="a"), pod(7, address="b")], ["a", "b"]),
-        # 4: least KV on 0, 0.3, 1.0 keeps 0 and 0.3 (band 0 + 1.0 / 3)
-        (
-            least_kv_cache,
-            [pod(kv=0, address="a"), pod(kv=0.3, address="b"), pod(kv=1.0, address="c")],
-            ["a", "b"],
-        ),
-        # float division: 0 + 0.5 / 2 = 0.25 keeps 0.25
-        (
-            least_kv_cache,
-            [pod(kv=0, address="a"), pod(kv=0.5, address="b"), pod(kv=0.25, address="c")],
-            ["a"],
-        ),
-        (least_queuing, [], []),
-        (least_kv_cache, [], []),
-    ],
-)
-def test_least_bands(fn, pods, expected):
-    assert addresses(fn(CRITICAL, tuple(pods), random.Random(0))) == expected
-
-
-@pytest.mark.parametrize(
-    ("fn", "pods", "expected"),
-    [
-        (low_queueing(128), [pod(127, address="a"), pod(128, address="b")], ["a"]),
-        (
-            has_capacity(5, 0.8),
-            [pod(5, 0.8, address="a"), pod(6, 0.1, address="b"), pod(0, 0.81, address="c")],
-            ["a"],
-        ),
-    ],
-)
-def test_threshold_filters(fn, pods, expected):
-    assert addresses(fn(CRITICAL, tuple(pods), random.Random(0))) == expected
-
-
-@pytest.mark.parametrize(
-    ("name", "pods", "expected"),
-    [
-        ("only affinity", [pod(max_lora=1, adapters={"t"}, address="a"), pod(address="b")], ["a"]),
-        (
-            "only free slot",
-            [pod(max_lora=1, address="a"), pod(max_lora=1, adapters={"x"}, address="b")],
-            ["a"],
-        ),
-        ("waiting adapters count as active", [pod(max_lora=1, waiting_adapters={"t"}, address="a")], ["a"]),
-        ("neither: failure", [pod(max_lora=1, adapters={"x"}, address="a")], []),
-    ],
-)
-def test_lora_soft_affinity_groups(name, pods, expected):
-    fn = lora_soft_affinity(0.999)
-    assert addresses(fn(SchedulingRequest("t", True), tuple(pods), random.Random(0))) == expected, name
-
-
-def test_case5_soft_affinity_distribution():
-    fn = lora_soft_affinity(0.999)
-    pods = (pod(max_lora=2, adapters={"t"}, address="affinity"), pod(max_lora=2, address="available"))
-    rng = random.Random(423)
-    draws = Counter(fn(SchedulingRequest("t", True), pods, rng)[0].address for _ in range(10_000))
-    share = draws["affinity"] / 10_000 * 100
-    assert 99.9 - 5 <= share <= 99.9 + 5
-    assert draws["available"] > 0
-
-
-def test_soft_affinity_follows_the_configured_threshold():
-    fn = lora_soft_affinity(0.0)
-    pods = (pod(max_lora=2, adapters={"t"}, address="affinity"), pod(max_lora=2, address="available"))
-    assert addresses(fn(SchedulingRequest("t", True), pods, random.Random(0))) == ["available"]
-
-
-def test_no_target_model_has_no_affinity():
-    fn = lora_soft_affinity(1.0)
-    pods = (pod(max_lora=1, adapters={"t"}, address="a"), pod(max_lora=1, address="b"))
-    assert addresses(fn(SchedulingRequest(None, True), pods, random.Random(0))) == ["b"]
-
-
 def test_thresholds_come_from_the_config():
     strict = SchedulingConfig(queue_threshold_critical=0, kv_cache_threshold=0.1)
     pods = (pod(1, 0.05, address="a"),)
-    assert isinstance(Scheduler(strict, random.Random(0)).schedule(SHEDDABLE, pods), NoCapacity)
+    assert isinstance(Scheduler(strict, random.Random(0)).schedule(SHEDDABLE, pods), Drop)
     assert Scheduler(SchedulingConfig(), random.Random(0)).schedule(SHEDDABLE, pods).address == "a"
 
 

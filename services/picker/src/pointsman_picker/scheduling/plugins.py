@@ -1,38 +1,39 @@
-"""Scheduling plugins, as upstream's later framework has them: filters, scorers (score in [0, 1],
-weighted), a picker; declared by ``type`` in the config's ``plugins`` and put together by ``profiles``.
+"""The plugin registry: every plugin type by its name, with its parameters' defaults and its factory,
+per kind (filters, scorers, pickers); and :func:`build_plugins`, which makes the config's ``plugins``.
 
-Every filter is a :class:`Node`, so the #423 tree is one plugin of type ``decision-tree`` whose
-``tree`` parameter wires other filters by name (``filter``, ``onSuccess``, ``onFailure``,
-``onSuccessOrFailure``; ``drop`` ends in a 429). Thresholds default to the config's ``scheduling``.
+Every filter plugin is a :class:`~pointsman_picker.scheduling.tree.Node`, so the #423 tree is one
+plugin of type ``decision-tree`` whose ``tree`` parameter wires other filters by name (``filter``,
+``onSuccess``, ``onFailure``, ``onSuccessOrFailure``; ``drop`` ends in a 429). Thresholds default to
+the config's ``scheduling``.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from pointsman_picker.scheduling.contracts import Filter, Picker, Scorer
 from pointsman_picker.scheduling.filters import (
-    Drop,
-    FilterFn,
-    Node,
-    critical_request,
-    has_capacity,
-    least_kv_cache,
-    least_queuing,
-    least_work,
-    lora_soft_affinity,
-    lora_spread_affinity,
-    low_queueing,
+    CriticalRequest,
+    HasCapacity,
+    LeastKvCache,
+    LeastQueuing,
+    LeastWork,
+    LoraSoftAffinity,
+    LoraSpreadAffinity,
+    LowQueueing,
 )
-from pointsman_picker.scheduling.tree import DROP_SHEDDABLE
-from pointsman_picker.scheduling.types import Pods, SchedulingRequest
+from pointsman_picker.scheduling.pickers import MaxScorePicker, RandomPicker
+from pointsman_picker.scheduling.scorers import KvCacheScorer, LoraAffinityScorer, QueueScorer
+from pointsman_picker.scheduling.tree import DROP_SHEDDABLE, Node
+from pointsman_picker.scheduling.types import Drop
 from pointsman_shared.config import SchedulingConfig
-from pointsman_shared.snapshot import PodSnapshot
 
-Scorer = Callable[[SchedulingRequest, Pods], list[float]]  # one score per pod, in [0, 1]
-Picker = Callable[[Pods, list[float] | None, random.Random], PodSnapshot]
+T = TypeVar("T")
+# By type name: the parameters' defaults (every parameter a type takes), and what makes the plugin from
+# the parameters, defaults filled in.
+PluginTypes = dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], T]]]
 
 
 class PluginError(ValueError):
@@ -52,53 +53,80 @@ class Plugin:
     picker: Picker | None = None
 
 
-# -- scorers (spec §6) ------------------------------------------------------------------------------
-def queue_scorer(request: SchedulingRequest, pods: Pods) -> list[float]:
-    """``(maxQ - q) / (maxQ - minQ)``; every pod 1.0 when all queues are equal."""
-    waiting = [pod.waiting for pod in pods]
-    low, high = min(waiting, default=0), max(waiting, default=0)
-    if high == low:
-        return [1.0] * len(pods)
-    return [(high - q) / (high - low) for q in waiting]
+# least-work-filter's defaults: milliseconds of a vLLM step of Llama-3.1-8B on an H100 (the simulator's
+# llama-3.1-8b-h100 profile, docs/simulator.md): 29k prompt tokens/s, 0.04 ms per decoding sequence,
+# 4.7e-5 ms per KV-cache token of 424k; a pod within a millisecond of the least counts as least.
+DEFAULT_PER_PENDING_TOKEN = 1000.0 / 29_000.0
+DEFAULT_PER_RUNNING = 0.04
+DEFAULT_PER_KV_CACHE = 26_500 * 16 * 4.7e-5
+DEFAULT_WORK_TOLERANCE = 1.0
 
 
-def kv_cache_scorer(request: SchedulingRequest, pods: Pods) -> list[float]:
-    return [1.0 - pod.kv_cache_usage for pod in pods]
+def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
+    return {
+        CriticalRequest.type_name: ({}, lambda p: CriticalRequest()),
+        LowQueueing.type_name: (
+            {"threshold": config.queueing_threshold_lora},
+            lambda p: LowQueueing(int(p["threshold"])),
+        ),
+        HasCapacity.type_name: (
+            {
+                "queueThreshold": config.queue_threshold_critical,
+                "kvCacheThreshold": config.kv_cache_threshold,
+            },
+            lambda p: HasCapacity(int(p["queueThreshold"]), float(p["kvCacheThreshold"])),
+        ),
+        LeastQueuing.type_name: ({}, lambda p: LeastQueuing()),
+        LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
+        LeastWork.type_name: (
+            {
+                "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
+                "perRunning": DEFAULT_PER_RUNNING,
+                "perKvCache": DEFAULT_PER_KV_CACHE,
+                "perWaiting": 0.0,
+                "tolerance": DEFAULT_WORK_TOLERANCE,
+            },
+            lambda p: LeastWork(
+                float(p["perPendingToken"]),
+                float(p["perRunning"]),
+                float(p["perKvCache"]),
+                float(p["perWaiting"]),
+                float(p["tolerance"]),
+            ),
+        ),
+        LoraSpreadAffinity.type_name: (
+            {
+                "threshold": config.lora_affinity_threshold,
+                "spreadRatio": 0.1,
+                "spreadMargin": 8.0,
+                "maxAdapterShare": 0.75,
+            },
+            lambda p: LoraSpreadAffinity(
+                float(p["threshold"]),
+                float(p["spreadRatio"]),
+                float(p["spreadMargin"]),
+                float(p["maxAdapterShare"]),
+            ),
+        ),
+        LoraSoftAffinity.type_name: (
+            {"threshold": config.lora_affinity_threshold},
+            lambda p: LoraSoftAffinity(float(p["threshold"])),
+        ),
+    }
 
 
-def lora_affinity_scorer(request: SchedulingRequest, pods: Pods) -> list[float]:
-    """1.0 adapter running, 0.8 a free adapter slot, 0.6 adapter waiting, else 0."""
-    target = request.target_model
-    if target is None:
-        return [0.0] * len(pods)
-    scores = []
-    for pod in pods:
-        if target in pod.running_adapters:
-            scores.append(1.0)
-        elif len(pod.active_adapters) < pod.max_lora:
-            scores.append(0.8)
-        elif target in pod.waiting_adapters:
-            scores.append(0.6)
-        else:
-            scores.append(0.0)
-    return scores
+SCORER_TYPES: PluginTypes[Scorer] = {
+    QueueScorer.type_name: ({}, lambda p: QueueScorer()),
+    KvCacheScorer.type_name: ({}, lambda p: KvCacheScorer()),
+    LoraAffinityScorer.type_name: ({}, lambda p: LoraAffinityScorer()),
+}
+PICKER_TYPES: PluginTypes[Picker] = {
+    RandomPicker.type_name: ({}, lambda p: RandomPicker()),
+    MaxScorePicker.type_name: ({}, lambda p: MaxScorePicker()),
+}
+DECISION_TREE = "decision-tree"
 
 
-# -- pickers ----------------------------------------------------------------------------------------
-def random_picker(pods: Pods, scores: list[float] | None, rng: random.Random) -> PodSnapshot:
-    return pods[rng.randrange(len(pods))]
-
-
-def max_score_picker(pods: Pods, scores: list[float] | None, rng: random.Random) -> PodSnapshot:
-    """The highest total score; ties broken at random."""
-    if scores is None:
-        return random_picker(pods, scores, rng)
-    best = max(scores)
-    top = [pod for pod, score in zip(pods, scores, strict=True) if score == best]
-    return top[rng.randrange(len(top))]
-
-
-# -- building ---------------------------------------------------------------------------------------
 def _params(path: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(given) - set(defaults))
     if unknown:
@@ -116,76 +144,9 @@ def _params(path: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     return values
 
 
-# least-work-filter's defaults: milliseconds of a vLLM step of Llama-3.1-8B on an H100 (the simulator's
-# llama-3.1-8b-h100 profile, docs/simulator.md): 29k prompt tokens/s, 0.04 ms per decoding sequence,
-# 4.7e-5 ms per KV-cache token of 424k; a pod within a millisecond of the least counts as least.
-DEFAULT_PER_PENDING_TOKEN = 1000.0 / 29_000.0
-DEFAULT_PER_RUNNING = 0.04
-DEFAULT_PER_KV_CACHE = 26_500 * 16 * 4.7e-5
-DEFAULT_WORK_TOLERANCE = 1.0
-
-FilterFactory = Callable[[dict[str, Any]], FilterFn]
-
-
-def _filter_types(config: SchedulingConfig) -> dict[str, tuple[dict[str, Any], FilterFactory]]:
-    return {
-        "critical-request-filter": ({}, lambda p: critical_request),
-        "low-queue-filter": (
-            {"threshold": config.queueing_threshold_lora},
-            lambda p: low_queueing(int(p["threshold"])),
-        ),
-        "has-capacity-filter": (
-            {
-                "queueThreshold": config.queue_threshold_critical,
-                "kvCacheThreshold": config.kv_cache_threshold,
-            },
-            lambda p: has_capacity(int(p["queueThreshold"]), float(p["kvCacheThreshold"])),
-        ),
-        "least-queue-filter": ({}, lambda p: least_queuing),
-        "least-kv-cache-filter": ({}, lambda p: least_kv_cache),
-        "least-work-filter": (
-            {
-                "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
-                "perRunning": DEFAULT_PER_RUNNING,
-                "perKvCache": DEFAULT_PER_KV_CACHE,
-                "perWaiting": 0.0,
-                "tolerance": DEFAULT_WORK_TOLERANCE,
-            },
-            lambda p: least_work(
-                float(p["perPendingToken"]),
-                float(p["perRunning"]),
-                float(p["perKvCache"]),
-                float(p["perWaiting"]),
-                float(p["tolerance"]),
-            ),
-        ),
-        "lora-spread-affinity-filter": (
-            {
-                "threshold": config.lora_affinity_threshold,
-                "spreadRatio": 0.1,
-                "spreadMargin": 8.0,
-                "maxAdapterShare": 0.75,
-            },
-            lambda p: lora_spread_affinity(
-                float(p["threshold"]),
-                float(p["spreadRatio"]),
-                float(p["spreadMargin"]),
-                float(p["maxAdapterShare"]),
-            ),
-        ),
-        "lora-affinity-filter": (
-            {"threshold": config.lora_affinity_threshold},
-            lambda p: lora_soft_affinity(float(p["threshold"])),
-        ),
-    }
-
-
-SCORERS: dict[str, Scorer] = {
-    "queue-scorer": queue_scorer,
-    "kv-cache-scorer": kv_cache_scorer,
-    "lora-affinity-scorer": lora_affinity_scorer,
-}
-PICKERS: dict[str, Picker] = {"random-picker": random_picker, "max-score-picker": max_score_picker}
+def _make(types: PluginTypes[T], kind: str, path: str, params: Mapping[str, Any]) -> T:
+    defaults, factory = types[kind]
+    return factory(_params(f"{path}.parameters", params, defaults))
 
 
 def build_plugins(
@@ -193,29 +154,24 @@ def build_plugins(
 ) -> dict[str, Plugin]:
     """``specs`` are ``(name, type, parameters)``, indexed as ``plugins[i]`` in errors. Decision trees
     may refer to any filter declared before or after them."""
-    filter_types = _filter_types(config)
+    filters = filter_types(config)
     plugins: dict[str, Plugin] = {}
     trees: list[tuple[int, str, Mapping[str, Any]]] = []
     for i, (name, kind, params) in enumerate(specs):
         path = f"plugins[{i}]"
         if name in plugins or any(name == t[1] for t in trees):
             raise PluginError(f"{path}.name", f"{name!r} is declared twice")
-        if kind in filter_types:
-            defaults, factory = filter_types[kind]
-            plugins[name] = Plugin(
-                name, filter=Node(name, factory(_params(f"{path}.parameters", params, defaults)))
-            )
-        elif kind in SCORERS:
-            _params(f"{path}.parameters", params, {})
-            plugins[name] = Plugin(name, scorer=SCORERS[kind])
-        elif kind in PICKERS:
-            _params(f"{path}.parameters", params, {})
-            plugins[name] = Plugin(name, picker=PICKERS[kind])
-        elif kind == "decision-tree":
+        if kind in filters:
+            plugins[name] = Plugin(name, filter=Node(name, _make(filters, kind, path, params)))
+        elif kind in SCORER_TYPES:
+            plugins[name] = Plugin(name, scorer=_make(SCORER_TYPES, kind, path, params))
+        elif kind in PICKER_TYPES:
+            plugins[name] = Plugin(name, picker=_make(PICKER_TYPES, kind, path, params))
+        elif kind == DECISION_TREE:
             _params(f"{path}.parameters", params, {"tree": None})
             trees.append((i, name, params))
         else:
-            known = ", ".join([*filter_types, *SCORERS, *PICKERS, "decision-tree"])
+            known = ", ".join([*filters, *SCORER_TYPES, *PICKER_TYPES, DECISION_TREE])
             raise PluginError(f"{path}.type", f"unknown plugin type {kind!r} (known: {known})")
     for i, name, params in trees:
         root = _tree(f"plugins[{i}].parameters.tree", params.get("tree"), plugins)

@@ -10,20 +10,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from pointsman_picker.scheduling.filters import Drop, Node, StepSink, run_tree, uses_pending_prefill
-from pointsman_picker.scheduling.plugins import (
-    Picker,
-    PluginError,
-    Scorer,
-    build_plugins,
-    kv_cache_scorer,
-    lora_affinity_scorer,
-    max_score_picker,
-    queue_scorer,
-    random_picker,
-)
-from pointsman_picker.scheduling.tree import build_tree
-from pointsman_picker.scheduling.types import NoCapacity, Pods, SchedulingRequest
+from pointsman_picker.scheduling.contracts import Picker, Scorer
+from pointsman_picker.scheduling.pickers import MaxScorePicker, RandomPicker
+from pointsman_picker.scheduling.plugins import PluginError, build_plugins
+from pointsman_picker.scheduling.scorers import KvCacheScorer, LoraAffinityScorer, QueueScorer
+from pointsman_picker.scheduling.tree import Node, StepSink, build_tree, reads_pending_prefill, run_tree
+from pointsman_picker.scheduling.types import Drop, Pods, SchedulingRequest
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot
 
@@ -41,17 +33,17 @@ class Profile:
     @property
     def uses_pending_prefill(self) -> bool:
         """Whether a filter reads the request's ``pending_prefill`` (the director works it out only then)."""
-        return any(uses_pending_prefill(node) for node in self.filters)
+        return any(reads_pending_prefill(node) for node in self.filters)
 
     def schedule(
         self, request: SchedulingRequest, pods: Pods, rng: random.Random, on_step: StepSink | None = None
-    ) -> PodSnapshot | NoCapacity:
+    ) -> PodSnapshot | Drop:
         for node in self.filters:
             result = run_tree(node, request, pods, rng, on_step)
             if isinstance(result, Drop):
-                return NoCapacity(result.reason)
+                return result
             if not result:
-                return NoCapacity(f"no pod left after {node.name}")
+                return Drop(f"no pod left after {node.name}")
             pods = result
         scores: list[float] | None = None
         if self.scorers:
@@ -59,18 +51,16 @@ class Profile:
             for _, weight, scorer in self.scorers:
                 for i, score in enumerate(scorer(request, pods)):
                     scores[i] += weight * min(1.0, max(0.0, score))
-        return self.picker(pods, scores, rng)
+        return self.picker.__call__(pods, scores, rng)  # the method: see run_tree
 
 
 def builtin_profiles(config: PointsmanConfig) -> dict[str, Profile]:
-    scorers = (
-        ("queue-scorer", 1.0, queue_scorer),
-        ("kv-cache-scorer", 1.0, kv_cache_scorer),
-        ("lora-affinity-scorer", 1.0, lora_affinity_scorer),
+    scorers: tuple[tuple[str, float, Scorer], ...] = tuple(
+        (scorer.type_name, 1.0, scorer) for scorer in (QueueScorer(), KvCacheScorer(), LoraAffinityScorer())
     )
     return {
-        DEFAULT: Profile(DEFAULT, (build_tree(config.scheduling),), (), random_picker),
-        SCORER: Profile(SCORER, (), scorers, max_score_picker),
+        DEFAULT: Profile(DEFAULT, (build_tree(config.scheduling),), (), RandomPicker()),
+        SCORER: Profile(SCORER, (), scorers, MaxScorePicker()),
     }
 
 
@@ -104,7 +94,7 @@ def build_profile(config: PointsmanConfig) -> Profile:
             spec.name,
             tuple(filters),
             tuple(scorers),
-            picker or (max_score_picker if scorers else random_picker),
+            picker or (MaxScorePicker() if scorers else RandomPicker()),
         )
     chosen = profiles.get(config.picker.profile)
     if chosen is None:

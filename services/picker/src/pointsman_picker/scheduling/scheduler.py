@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import random
 
-from pointsman_picker.scheduling.filters import Node, StepSink
 from pointsman_picker.scheduling.indexed import IndexedPods, indexed
-from pointsman_picker.scheduling.plugins import random_picker
+from pointsman_picker.scheduling.pickers import RandomPicker
 from pointsman_picker.scheduling.profiles import DEFAULT, Profile
-from pointsman_picker.scheduling.tree import build_tree
-from pointsman_picker.scheduling.types import NoCapacity, Pods, SchedulingRequest
+from pointsman_picker.scheduling.tree import Node, StepSink, build_tree
+from pointsman_picker.scheduling.types import Drop, Pods, SchedulingRequest
 from pointsman_shared.config import SchedulingConfig
 from pointsman_shared.snapshot import PodSnapshot
 
@@ -24,7 +23,9 @@ class Scheduler:
         profile: Profile | None = None,
     ) -> None:
         if profile is None:
-            profile = Profile(DEFAULT, (root if root is not None else build_tree(config),), (), random_picker)
+            profile = Profile(
+                DEFAULT, (root if root is not None else build_tree(config),), (), RandomPicker()
+            )
         self.profile = profile
         self._rng = rng
         # The last plain pods scheduled, indexed: a caller that passes the same pods again (the pods
@@ -34,7 +35,7 @@ class Scheduler:
 
     def schedule(
         self, request: SchedulingRequest, pods: Pods, on_step: StepSink | None = None
-    ) -> PodSnapshot | NoCapacity:
+    ) -> PodSnapshot | Drop:
         if pods is self._plain:
             pods = self._indexed
         elif not isinstance(pods, IndexedPods):

@@ -1,4 +1,4 @@
-"""What the scheduling core takes and returns."""
+"""What the scheduling core takes and returns: the request, the pods, and a dropped request's outcome."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class SchedulingRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class NoCapacity:
-    """The request was dropped: no pod can take it (a sheddable request under load)."""
+class Drop:
+    """The request is dropped (no pod can take it): what a profile returns then, and the terminal
+    branch of a filter tree that says so."""
 
     reason: str

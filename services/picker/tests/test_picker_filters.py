@@ -1,0 +1,301 @@
+"""The filters, one table each: what each keeps (upstream's cases 4 and 5 for the #423 filters; the
+`best` profile's least-work and LoRA spread-affinity filters), and each one's type name and contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from picker_builders import pod
+
+from pointsman_picker.scheduling import SchedulingRequest
+from pointsman_picker.scheduling.filters import (
+    CriticalRequest,
+    HasCapacity,
+    LeastKvCache,
+    LeastQueuing,
+    LeastWork,
+    LoraSoftAffinity,
+    LoraSpreadAffinity,
+    LowQueueing,
+)
+from pointsman_shared.snapshot import PodSnapshot
+
+CRITICAL = SchedulingRequest(target_model="critical", critical=True)
+
+
+def addresses(pods: Any) -> list[str]:
+    return [p.address for p in pods]
+
+
+def busy(waiting: int = 0, running: int = 0, kv: float = 0.0, **kw: Any) -> PodSnapshot:
+    return dataclasses.replace(pod(waiting, kv, **kw), running=running)
+
+
+def request(pending: dict[str, float] | None = None, target: str | None = "x") -> SchedulingRequest:
+    return SchedulingRequest(target, critical=True, pending_prefill=pending or {})
+
+
+@pytest.mark.parametrize(
+    ("filter_", "type_name", "reads_pending_prefill"),
+    [
+        (CriticalRequest(), "critical-request-filter", False),
+        (LowQueueing(128), "low-queue-filter", False),
+        (HasCapacity(5, 0.8), "has-capacity-filter", False),
+        (LeastQueuing(), "least-queue-filter", False),
+        (LeastKvCache(), "least-kv-cache-filter", False),
+        (LoraSoftAffinity(0.999), "lora-affinity-filter", False),
+        (LoraSpreadAffinity(0.999, 0.1, 8.0), "lora-spread-affinity-filter", False),
+        (LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5), "least-work-filter", True),
+    ],
+)
+def test_each_filter_has_a_type_name_and_says_whether_it_reads_the_pending_prefill(
+    filter_, type_name, reads_pending_prefill
+):
+    assert filter_.type_name == type_name
+    assert filter_.reads_pending_prefill is reads_pending_prefill
+
+
+@pytest.mark.parametrize(
+    ("request_", "expected"), [(CRITICAL, ["a", "b"]), (SchedulingRequest("critical", critical=False), [])]
+)
+def test_critical_request(request_, expected):
+    pods = (pod(address="a"), pod(500, 1.0, address="b"))
+    assert addresses(CriticalRequest()(request_, pods, random.Random(0))) == expected
+
+
+@pytest.mark.parametrize(
+    ("fn", "pods", "expected"),
+    [
+        # 4: least queuing on 0, 3, 10 keeps 0 and 3 (band 0 + 10 // 3 = 3)
+        (LeastQueuing(), [pod(0, address="a"), pod(3, address="b"), pod(10, address="c")], ["a", "b"]),
+        # integer division: 0 + 5 // 2 = 2 keeps only 0
+        (LeastQueuing(), [pod(0, address="a"), pod(5, address="b")], ["a"]),
+        (LeastQueuing(), [pod(7, address="a"), pod(7, address="b")], ["a", "b"]),
+        # 4: least KV on 0, 0.3, 1.0 keeps 0 and 0.3 (band 0 + 1.0 / 3)
+        (
+            LeastKvCache(),
+            [pod(kv=0, address="a"), pod(kv=0.3, address="b"), pod(kv=1.0, address="c")],
+            ["a", "b"],
+        ),
+        # float division: 0 + 0.5 / 2 = 0.25 keeps 0.25
+        (
+            LeastKvCache(),
+            [pod(kv=0, address="a"), pod(kv=0.5, address="b"), pod(kv=0.25, address="c")],
+            ["a"],
+        ),
+        (LeastQueuing(), [], []),
+        (LeastKvCache(), [], []),
+    ],
+)
+def test_least_bands(fn, pods, expected):
+    assert addresses(fn(CRITICAL, tuple(pods), random.Random(0))) == expected
+
+
+@pytest.mark.parametrize(
+    ("fn", "pods", "expected"),
+    [
+        (LowQueueing(128), [pod(127, address="a"), pod(128, address="b")], ["a"]),
+        (
+            HasCapacity(5, 0.8),
+            [pod(5, 0.8, address="a"), pod(6, 0.1, address="b"), pod(0, 0.81, address="c")],
+            ["a"],
+        ),
+    ],
+)
+def test_threshold_filters(fn, pods, expected):
+    assert addresses(fn(CRITICAL, tuple(pods), random.Random(0))) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "pods", "expected"),
+    [
+        ("only affinity", [pod(max_lora=1, adapters={"t"}, address="a"), pod(address="b")], ["a"]),
+        (
+            "only free slot",
+            [pod(max_lora=1, address="a"), pod(max_lora=1, adapters={"x"}, address="b")],
+            ["a"],
+        ),
+        ("waiting adapters count as active", [pod(max_lora=1, waiting_adapters={"t"}, address="a")], ["a"]),
+        ("neither: failure", [pod(max_lora=1, adapters={"x"}, address="a")], []),
+    ],
+)
+def test_lora_soft_affinity_groups(name, pods, expected):
+    fn = LoraSoftAffinity(0.999)
+    assert addresses(fn(SchedulingRequest("t", True), tuple(pods), random.Random(0))) == expected, name
+
+
+def test_case5_soft_affinity_distribution():
+    fn = LoraSoftAffinity(0.999)
+    pods = (pod(max_lora=2, adapters={"t"}, address="affinity"), pod(max_lora=2, address="available"))
+    rng = random.Random(423)
+    draws = Counter(fn(SchedulingRequest("t", True), pods, rng)[0].address for _ in range(10_000))
+    share = draws["affinity"] / 10_000 * 100
+    assert 99.9 - 5 <= share <= 99.9 + 5
+    assert draws["available"] > 0
+
+
+def test_soft_affinity_follows_the_configured_threshold():
+    fn = LoraSoftAffinity(0.0)
+    pods = (pod(max_lora=2, adapters={"t"}, address="affinity"), pod(max_lora=2, address="available"))
+    assert addresses(fn(SchedulingRequest("t", True), pods, random.Random(0))) == ["available"]
+
+
+def test_no_target_model_has_no_affinity():
+    fn = LoraSoftAffinity(1.0)
+    pods = (pod(max_lora=1, adapters={"t"}, address="a"), pod(max_lora=1, address="b"))
+    assert addresses(fn(SchedulingRequest(None, True), pods, random.Random(0))) == ["b"]
+
+
+# -- least work -------------------------------------------------------------------------------------
+# (perPendingToken, perRunning, perKvCache, perWaiting, tolerance)
+MS = (0.0345, 0.04, 20.0, 7.0, 3.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "pods", "pending", "expected"),
+    [
+        ("all idle: all kept", MS, [busy(address="a"), busy(address="b")], {}, ["a", "b"]),
+        (
+            "a long prompt assigned lately sends the next one elsewhere",
+            MS,
+            [busy(address="a"), busy(address="b")],
+            {"a": 1500.0},
+            ["b"],
+        ),
+        (
+            "a few pending tokens are within the tolerance",
+            MS,
+            [busy(address="a"), busy(address="b")],
+            {"a": 50.0},
+            ["a", "b"],
+        ),
+        (
+            "a waiting request weighs 7 ms",
+            MS,
+            [busy(1, address="a"), busy(0, address="b"), busy(0, 50, address="c")],
+            {},
+            ["b", "c"],
+        ),
+        (
+            "running and KV cache add up against pending tokens",
+            MS,
+            [busy(0, 200, 0.5, address="a"), busy(address="b")],
+            {"b": 400.0},
+            ["b"],
+        ),
+        (
+            "weights of 0 ignore a signal",
+            (0.0, 0.0, 0.0, 1.0, 0.0),
+            [busy(0, 200, 0.9, address="a"), busy(1, address="b")],
+            {"a": 9999.0},
+            ["a"],
+        ),
+        ("one pod is kept as it is", MS, [busy(9, address="a")], {"a": 10_000.0}, ["a"]),
+        ("no pods", MS, [], {}, []),
+    ],
+)
+def test_least_work(name, weights, pods, pending, expected):
+    kept = LeastWork(*weights)(request(pending), tuple(pods), random.Random(0))
+    assert addresses(kept) == expected, name
+
+
+# -- LoRA spread affinity ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "pods", "expected"),
+    [
+        (
+            "the pods with the adapter while they are not much busier than the mean",
+            [
+                busy(0, 100, max_lora=2, adapters={"x"}, address="near"),
+                busy(0, 95, max_lora=2, address="free"),
+            ],
+            ["near"],
+        ),
+        (
+            "spread to a free slot once the adapter's pods are past the mean by 10% + 8",
+            [
+                busy(0, 150, max_lora=2, adapters={"x"}, address="near"),  # mean 125: limit 145.5
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["free"],
+        ),
+        (
+            "the least loaded of the adapter's pods decides",
+            [
+                busy(0, 300, max_lora=2, adapters={"x"}, address="near1"),
+                busy(0, 100, max_lora=2, adapters={"x"}, address="near2"),
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["near1", "near2"],
+        ),
+        (
+            "waiting counts as load",
+            [busy(30, 0, max_lora=2, adapters={"x"}, address="near"), busy(0, 0, max_lora=2, address="free")],
+            ["free"],
+        ),
+        (
+            "no spreading while an adapter somewhere waits for a slot",
+            [
+                busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
+                busy(0, 100, max_lora=2, address="free"),
+                busy(0, 125, max_lora=1, adapters={"y"}, waiting_adapters={"z"}, address="starved"),
+            ],
+            ["near"],
+        ),
+        (
+            "a pod whose slots are all taken is never spread to",
+            [
+                busy(0, 300, max_lora=1, adapters={"x"}, address="near"),
+                busy(0, 0, max_lora=1, adapters={"y"}, address="full"),
+            ],
+            ["near"],
+        ),
+        (
+            "no pod has the adapter: the free slots",
+            [
+                busy(0, 0, max_lora=1, adapters={"y"}, address="full"),
+                busy(0, 50, max_lora=2, adapters={"y"}, address="free"),
+            ],
+            ["free"],
+        ),
+        (
+            "no adapter pod and no free slot: nothing",
+            [busy(0, 0, max_lora=1, adapters={"y"}, address="full")],
+            [],
+        ),
+    ],
+)
+def test_lora_spread_affinity(name, pods, expected):
+    kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), tuple(pods), random.Random(0))
+    assert addresses(kept) == expected, name
+
+
+@pytest.mark.parametrize(
+    ("name", "recent", "share", "expected"),
+    [
+        ("targets unknown (0): spread", 0, 0.75, ["free"]),
+        ("few adapters for the slots: spread", 3, 0.75, ["free"]),
+        ("exactly the share of the 4 slots: spread", 3, 0.75, ["free"]),
+        ("more adapters than the share of the slots: stay", 4, 0.75, ["near"]),
+        ("a share of 1 allows one adapter per slot", 4, 1.0, ["free"]),
+    ],
+)
+def test_lora_spread_affinity_leaves_the_slots_to_adapters_when_there_are_many(name, recent, share, expected):
+    pods = (
+        busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
+        busy(0, 100, max_lora=2, address="free"),
+    )
+    req = dataclasses.replace(request(), recent_targets=recent)
+    assert addresses(LoraSpreadAffinity(1.0, 0.1, 8.0, share)(req, pods, random.Random(0))) == expected, name
+
+
+def test_lora_spread_affinity_keeps_the_soft_threshold():
+    pods = (busy(max_lora=2, adapters={"x"}, address="near"), busy(max_lora=2, address="free"))
+    fn = LoraSpreadAffinity(0.9, 0.1, 8.0)
+    rng = random.Random(3)
+    picks = [addresses(fn(request(), pods, rng)) for _ in range(2000)]
+    assert 0.85 < picks.count(["near"]) / len(picks) < 0.95
