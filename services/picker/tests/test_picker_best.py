@@ -16,7 +16,7 @@ from picker_builders import NOW, config, pod, snapshot
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker.assignments import PrefillBacklog, RecentTargets
-from pointsman_picker.director import Director, estimate_prompt_tokens
+from pointsman_picker.director import Director
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.scheduling import Node
 from pointsman_picker.scheduling.filters import LeastKvCache, LeastWork
@@ -93,24 +93,6 @@ def test_prefill_backlog_needs_a_positive_rate():
 
 
 # -- the director ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("doc", "tokens"),
-    [
-        ({"prompt": "x" * 400}, 100),
-        ({"prompt": ["x" * 40, "y" * 40, 7]}, 20),
-        ({"messages": [{"role": "user", "content": "x" * 80}, {"role": "system", "content": "y" * 20}]}, 25),
-        (
-            {"messages": [{"content": [{"type": "text", "text": "x" * 40}, {"type": "image_url"}]}, "junk"]},
-            10,
-        ),
-        ({"model": "m"}, 0),
-        ({"prompt": 5, "messages": "no"}, 0),
-    ],
-)
-def test_estimate_prompt_tokens(doc, tokens):
-    assert estimate_prompt_tokens(doc) == tokens
-
-
 def body(chars: int) -> bytes:
     return b'{"model":"my-model","prompt":"' + b"x" * chars + b'"}'
 

@@ -4,7 +4,6 @@ same draws. (Each question of the view, on arbitrary pods: test_picker_indexed_p
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 
@@ -22,11 +21,10 @@ from pointsman_picker.scheduling.filters import (
     LoraSpreadAffinity,
     LowQueueing,
 )
-from pointsman_picker.scheduling.indexed import IndexedPods, _copy, with_waiting
+from pointsman_picker.scheduling.indexed import IndexedPods, with_waiting
 from pointsman_picker.scheduling.profiles import build_profile, builtin_profiles
 from pointsman_picker.scheduling.scorers import KvCacheScorer, QueueScorer
 from pointsman_shared.config import parse_config
-from pointsman_shared.snapshot import FieldTimes, PodSnapshot
 
 ADAPTERS = ["a", "b", "c", "d"]
 FILTERS = {
@@ -144,23 +142,3 @@ def test_every_profile_picks_the_same_pods_from_indexed_pods(seed, name):
 def test_with_waiting_without_changes_is_the_same_pods():
     pods = IndexedPods((pod(1), pod(2)))
     assert with_waiting(pods, {}) is pods
-
-
-def test_a_copy_keeps_every_field_but_waiting():
-    values = {
-        "address": "10.0.0.9:8000",
-        "waiting": 3,
-        "running": 4,
-        "kv_cache_usage": 0.5,
-        "max_lora": 2,
-        "running_adapters": frozenset({"a"}),
-        "waiting_adapters": frozenset({"b"}),
-        "updated_at": 12.0,
-        "healthy": False,
-        "reason": "down",
-        "field_times": FieldTimes(1.0, 2.0, 3.0, 4.0),
-    }
-    # A field added to PodSnapshot must be added here and to the copy.
-    assert [f.name for f in dataclasses.fields(PodSnapshot) if f.init] == list(values)
-    original = PodSnapshot(**values)
-    assert _copy(original, 9) == dataclasses.replace(original, waiting=9)

@@ -13,12 +13,11 @@ import dataclasses
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from pointsman_picker import errors
 from pointsman_picker.assignments import PrefillBacklog, RecentAssignments, RecentTargets
-from pointsman_picker.body import parse_body, with_model
+from pointsman_picker.body import estimate_prompt_tokens, parse_body, with_model
 from pointsman_picker.explain import DecisionTrace
 from pointsman_picker.ports import RoutingMetrics, SnapshotSource
 from pointsman_picker.resolution import ModelCatalog
@@ -32,7 +31,6 @@ from pointsman_shared.snapshot import PoolSnapshot, is_fresh
 # Timing every filter of every decision would cost more than the filters; one decision in this many is
 # timed for inference_extension_plugin_duration_seconds.
 PLUGIN_TIMING_EVERY = 16
-CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokenizers
 # Long enough to see the tail of a Zipf mix of adapters at tens of requests a second.
 RECENT_TARGETS_WINDOW = 30.0
 
@@ -89,29 +87,6 @@ class UsablePods:
             self._until = math.inf if stale else min(p.updated_at for p in pods) + self._max_age
             self.index = {pod.address: i for i, pod in enumerate(pods)}
         return self._pods, self._stale
-
-
-def estimate_prompt_tokens(doc: Mapping[str, Any]) -> int:
-    """The prompt's length in tokens, estimated at four characters a token from a completions
-    ``prompt`` (a string or strings) or the chat ``messages``' text; 0 when the body has neither."""
-    chars = 0
-    prompt = doc.get("prompt")
-    if isinstance(prompt, str):
-        chars = len(prompt)
-    elif isinstance(prompt, list):
-        chars = sum(len(p) for p in prompt if isinstance(p, str))
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    text = part.get("text") if isinstance(part, dict) else None
-                    if isinstance(text, str):
-                        chars += len(text)
-    return chars // CHARS_PER_TOKEN
 
 
 class Director:

@@ -24,7 +24,7 @@ from typing import Any
 from pointsman_picker.scheduling.contracts import LoraGroups, PodFacts
 from pointsman_picker.scheduling.facts import PLAIN, PlainFacts
 from pointsman_picker.scheduling.types import Pods
-from pointsman_shared.snapshot import PodSnapshot
+from pointsman_shared.snapshot import PodSnapshot, replace_waiting
 
 SMALL = 16  # below this many pods, plain passes beat the facts' bookkeeping
 
@@ -227,30 +227,12 @@ def with_waiting(pods: Pods, waiting: Mapping[int, int]) -> Pods:
     items = list(pods)
     if not isinstance(pods, IndexedPods):
         for i, n in waiting.items():
-            items[i] = _copy(items[i], n)
+            items[i] = replace_waiting(items[i], n)
         return tuple(items)
     copies = pods.facts.columns.copies
     for i, n in waiting.items():
         copy = copies.get((i, n))
         if copy is None:
-            copy = copies[(i, n)] = _copy(items[i], n)
+            copy = copies[(i, n)] = replace_waiting(items[i], n)
         items[i] = copy
     return IndexedPods(items, pods.facts.changed(pods, waiting))
-
-
-def _copy(pod: PodSnapshot, waiting: int) -> PodSnapshot:
-    # The constructor, not dataclasses.replace: half the cost, and a copy is made per decision. A test
-    # checks that every field comes across.
-    return PodSnapshot(
-        pod.address,
-        waiting,
-        pod.running,
-        pod.kv_cache_usage,
-        pod.max_lora,
-        pod.running_adapters,
-        pod.waiting_adapters,
-        pod.updated_at,
-        pod.healthy,
-        pod.reason,
-        pod.field_times,
-    )
