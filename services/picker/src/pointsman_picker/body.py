@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pointsman_picker import goencoding
-
 from pointsman_picker.errors import BadRequest, Internal
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokenizers
