@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 import pytest
-from test_snapshot import every_field_set, slots
+from test_snapshot import slots
 
 from pointsman_shared.codec import (
     CODEC_VERSION,
@@ -16,12 +16,8 @@ from pointsman_shared.codec import (
     encode_pool,
     pod_to_dict,
 )
-from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
-
-
-def pod(address: str = "10.0.0.1:8000", **fields: object) -> PodSnapshot:
-    return PodSnapshot(address=address, **fields)  # type: ignore[arg-type]
-
+from pointsman_shared.snapshot import FieldTimes, PoolSnapshot
+from pointsman_testkit import every_field_set, pod
 
 POOL = PoolSnapshot(
     pool="p",
@@ -31,14 +27,14 @@ POOL = PoolSnapshot(
         pod(
             waiting=3,
             running=2,
-            kv_cache_usage=0.5,
+            kv=0.5,
             max_lora=4,
-            running_adapters=frozenset({"b", "a"}),
+            adapters=frozenset({"b", "a"}),
             waiting_adapters=frozenset({"c"}),
             updated_at=1764000000.0,
             field_times=FieldTimes(1764000000.0, 1764000000.0, 1763999999.5, 1763999990.0),
         ),
-        pod("[::1]:8001", healthy=False, reason="timeout"),
+        pod(address="[::1]:8001", healthy=False, reason="timeout", updated_at=0.0),
     ),
 )
 

@@ -1,38 +1,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, get_type_hints
 
 import pytest
 
 from pointsman_shared.snapshot import PodSnapshot, is_fresh, replace_waiting, replacer
-
-# For each type of field, a value unlike its default; the field's position makes it unlike the others'.
-VALUES: dict[object, Callable[[int], object]] = {
-    int: lambda i: 7 + i,
-    float: lambda i: 0.25 + i,
-    str: lambda i: f"set-{i}",
-    frozenset[str]: lambda i: frozenset({f"set-{i}"}),
-}
-
-
-def every_field_set(cls: Any = PodSnapshot) -> Any:
-    """A ``cls`` whose every field is away from its default and unlike the others, made from the field
-    list: a field added to a snapshot type is in it (one of a new type fails here until VALUES has it)."""
-    hints = get_type_hints(cls)
-    values: dict[str, object] = {}
-    for i, f in enumerate(dataclasses.fields(cls)):
-        kind = hints[f.name]
-        if not f.init:
-            continue
-        if dataclasses.is_dataclass(kind):
-            values[f.name] = every_field_set(kind)
-        elif kind is bool:
-            values[f.name] = not f.default
-        else:
-            values[f.name] = VALUES[kind](i)
-    return cls(**values)
+from pointsman_testkit import every_field_set
 
 
 def slots(obj: object) -> list[object]:

@@ -9,10 +9,7 @@ from pointsman_collector.errors import PUBLISH_REASONS, SCRAPE_REASONS
 from pointsman_collector.metrics import CollectorMetrics, ShareCollector
 from pointsman_collector.sharing import Share, owner
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
-
-
-def pod(address: str, **fields: object) -> PodSnapshot:
-    return PodSnapshot(address=address, **fields)  # type: ignore[arg-type]
+from pointsman_testkit import pod
 
 
 def pool(*pods: PodSnapshot) -> PoolSnapshot:
@@ -52,9 +49,9 @@ def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
     assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") is None
     assert value(registry, "pointsman_collector_snapshot_age_seconds", pool="p") is None
     source.snapshot = pool(
-        pod("a:1", waiting=4, running=2, kv_cache_usage=0.5, running_adapters=frozenset({"x", "y"})),
-        pod("b:1", waiting=2, kv_cache_usage=0.25, waiting_adapters=frozenset({"x"})),
-        pod("c:1", waiting=100, kv_cache_usage=1.0, healthy=False, reason="timeout"),
+        pod(address="a:1", waiting=4, running=2, kv=0.5, adapters=frozenset({"x", "y"})),
+        pod(address="b:1", waiting=2, kv=0.25, waiting_adapters=frozenset({"x"})),
+        pod(address="c:1", waiting=100, kv=1.0, healthy=False, reason="timeout"),
     )
     a = {"pool": "p", "pod": "a:1"}
     assert value(registry, "pointsman_pod_waiting_requests", **a) == 4
@@ -74,12 +71,12 @@ def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
 
 def test_a_pod_that_left_leaves_no_series(setup) -> None:
     registry, _, source = setup
-    source.snapshot = pool(pod("a:1"), pod("b:1"))
+    source.snapshot = pool(pod(address="a:1"), pod(address="b:1"))
     assert b'pod="b:1"' in generate_latest(registry)
-    source.snapshot = pool(pod("a:1"))
+    source.snapshot = pool(pod(address="a:1"))
     page = generate_latest(registry)
     assert b'pod="b:1"' not in page
-    source.snapshot = pool(pod("a:1", healthy=False, reason="timeout"))
+    source.snapshot = pool(pod(address="a:1", healthy=False, reason="timeout"))
     assert b'health="healthy"' not in generate_latest(registry)  # no state left at a stale count
     assert b'pod="a:1"' in page
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, get_type_hints
 
 import pytest
 
@@ -27,6 +25,7 @@ from pointsman_collector.normalize import (
 from pointsman_collector.scrape import parse_page
 from pointsman_shared.model_server import PRESETS, LoraState, PageMetrics
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot
+from pointsman_testkit import every_field_set, pod
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "tests" / "data" / "vllm-metrics"
 PAGES = sorted(p.stem for p in FIXTURES.glob("*.txt"))
@@ -35,10 +34,6 @@ NOW = 1_764_000_100.0
 LORA_FIELDS = ("max_lora", "running_adapters", "waiting_adapters", "active_adapters")
 # Pages without the LoRA family: their expectations state a never-LoRA pod's defaults.
 NO_LORA_FAMILY = {"vllm-no-lora", "sglang"}
-
-
-def pod(**fields: object) -> PodSnapshot:
-    return PodSnapshot(address="10.0.0.1:8000", **fields)  # type: ignore[arg-type]
 
 
 def page(
@@ -61,9 +56,9 @@ LOADED = scraped(
     pod(
         waiting=40,
         running=41,
-        kv_cache_usage=0.99,
+        kv=0.99,
         max_lora=8,
-        running_adapters=frozenset({"old-run"}),
+        adapters=frozenset({"old-run"}),
         waiting_adapters=frozenset({"old-wait"}),
         updated_at=NOW - 0.05,
         field_times=FieldTimes(NOW - 0.05, NOW - 0.1, NOW - 0.2, NOW - 0.3),
@@ -156,9 +151,9 @@ def test_every_fixture_page_is_covered() -> None:
 @pytest.mark.parametrize(
     ("metrics", "expected"),
     [
-        (page(waiting=1), pod(waiting=1, running=41, kv_cache_usage=0.99)),
-        (page(running=2, kv=0.5), pod(waiting=40, running=2, kv_cache_usage=0.5)),
-        (page(waiting=0, running=0, kv=0.0), pod(waiting=0, running=0, kv_cache_usage=0.0)),
+        (page(waiting=1), pod(waiting=1, running=41, kv=0.99)),
+        (page(running=2, kv=0.5), pod(waiting=40, running=2, kv=0.5)),
+        (page(waiting=0, running=0, kv=0.0), pod(waiting=0, running=0, kv=0.0)),
     ],
     ids=["only waiting", "no waiting", "zeros are values"],
 )
@@ -205,33 +200,6 @@ def test_each_field_keeps_the_time_it_was_last_read(
 def test_adapter_sets(metrics: PageMetrics, adapters: tuple[set[str], set[str], int]) -> None:
     after = on_page(LOADED, metrics, NOW).snapshot
     assert (after.running_adapters, after.waiting_adapters, after.max_lora) == adapters
-
-
-# For each type of pod field, a value unlike its default; the field's position makes it unlike the others'.
-VALUES: dict[object, Callable[[int], object]] = {
-    int: lambda i: 7 + i,
-    float: lambda i: 0.25 + i,
-    str: lambda i: f"set-{i}",
-    frozenset[str]: lambda i: frozenset({f"set-{i}"}),
-}
-
-
-def every_field_set(cls: Any = PodSnapshot) -> Any:
-    """A ``cls`` whose every field is away from its default, made from the field list (as
-    shared/tests/test_snapshot.py's): a field added to a snapshot type is in it."""
-    hints = get_type_hints(cls)
-    values: dict[str, object] = {}
-    for i, f in enumerate(fields(cls)):
-        kind = hints[f.name]
-        if not f.init:
-            continue
-        if is_dataclass(kind):
-            values[f.name] = every_field_set(kind)
-        elif kind is bool:
-            values[f.name] = not f.default
-        else:
-            values[f.name] = VALUES[kind](i)
-    return cls(**values)
 
 
 def test_a_page_without_numbers_carries_every_field_over() -> None:
@@ -310,8 +278,8 @@ def test_judge_returns_the_same_state_when_nothing_changes() -> None:
     [
         ({"updated_at": NOW + 1}, True),
         ({"waiting": 1}, False),
-        ({"kv_cache_usage": 0.5}, False),
-        ({"running_adapters": frozenset({"x"})}, False),
+        ({"kv": 0.5}, False),
+        ({"adapters": frozenset({"x"})}, False),
         ({"healthy": False, "reason": "timeout"}, False),
     ],
 )

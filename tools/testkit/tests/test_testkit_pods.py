@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot
-from pointsman_testkit import NOW, pod, pool_pods, snapshot
+from pointsman_testkit import NOW, every_field_set, pod, pool_pods, snapshot
 
 
 def test_pod_names_fields_as_upstream_tests_do() -> None:
@@ -41,3 +41,14 @@ def test_pool_pods_numbers_addresses_and_keeps_the_rest() -> None:
 def test_snapshot_wraps_pods() -> None:
     built = snapshot(pod(), version=4, pool="p", published_at=2.0)
     assert (built.pool, built.version, built.published_at, len(built.pods)) == ("p", 4, 2.0, 1)
+
+
+def test_every_field_set_sets_every_init_field_away_from_its_default() -> None:
+    import dataclasses
+
+    built = every_field_set()
+    default = PodSnapshot(address="")
+    for field in dataclasses.fields(PodSnapshot):
+        if field.init:
+            assert getattr(built, field.name) != getattr(default, field.name), field.name
+    assert every_field_set(FieldTimes) != FieldTimes()

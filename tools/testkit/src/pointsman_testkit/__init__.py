@@ -3,7 +3,7 @@
 Test code only: no service imports it.
 """
 
-from pointsman_testkit.pods import NOW, pod, pool_pods, snapshot
+from pointsman_testkit.pods import NOW, every_field_set, pod, pool_pods, snapshot
 from pointsman_testkit.waiting import eventually
 
-__all__ = ["NOW", "eventually", "pod", "pool_pods", "snapshot"]
+__all__ = ["NOW", "eventually", "every_field_set", "pod", "pool_pods", "snapshot"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, get_type_hints
 
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
 
@@ -49,3 +50,32 @@ def snapshot(
     *pods: PodSnapshot, version: int = 1, pool: str = "test-pool", published_at: float = NOW
 ) -> PoolSnapshot:
     return PoolSnapshot(pool=pool, version=version, published_at=published_at, pods=tuple(pods))
+
+
+# For each type of snapshot field, a value unlike its default; the field's position makes it unlike the
+# others'.
+_VALUES: dict[object, Callable[[int], object]] = {
+    int: lambda i: 7 + i,
+    float: lambda i: 0.25 + i,
+    str: lambda i: f"set-{i}",
+    frozenset[str]: lambda i: frozenset({f"set-{i}"}),
+}
+
+
+def every_field_set(cls: Any = PodSnapshot) -> Any:
+    """A ``cls`` (PodSnapshot, FieldTimes) whose every field is away from its default and unlike the
+    others, made from the field list: a field added to a snapshot type is in it (one of a new type fails
+    here until ``_VALUES`` has it)."""
+    hints = get_type_hints(cls)
+    values: dict[str, object] = {}
+    for i, field in enumerate(dataclasses.fields(cls)):
+        if not field.init:
+            continue
+        kind = hints[field.name]
+        if dataclasses.is_dataclass(kind):
+            values[field.name] = every_field_set(kind)
+        elif kind is bool:
+            values[field.name] = not field.default
+        else:
+            values[field.name] = _VALUES[kind](i)
+    return cls(**values)
