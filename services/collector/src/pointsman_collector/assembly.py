@@ -90,7 +90,7 @@ def create_collector(
     if sink is None:
         assert redis is not None
         if settings.sharing:
-            sink = ShardSink(redis, keys, me=me, ttl=settings.snapshot_ttl)
+            sink = ShardSink(redis, keys, me=me, ttl=settings.snapshot_ttl, staleness=settings.staleness)
         else:
             sink = RedisSnapshotSink(redis, keys, ttl=settings.snapshot_ttl)
     collector = Collector.from_config(

@@ -57,7 +57,7 @@ def on_page(state: PodState, page: PageMetrics, now: float) -> PodState:
     prev = state.snapshot
     lora = page.lora
     times = prev.field_times
-    # The constructors, not the slots' own setters: those saved 1.7 µs of a 50-140 µs scrape, under the
+    # The constructors, not the slots' own setters: those saved about 2% of a scrape, under the
     # bench's noise (docs/decisions/slot-setters.md). A field added to PodSnapshot needs its line here: a
     # test made from the field list fails until it has one.
     snapshot = PodSnapshot(
