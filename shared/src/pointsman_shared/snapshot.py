@@ -58,8 +58,8 @@ def replacer(*names: str) -> Callable[..., PodSnapshot]:
 
     Made from the field list as straight-line code that sets each slot through its own descriptor, as
     dataclasses makes ``__init__``: about half the constructor's cost and a fifth of ``replace``'s
-    (bench/snapshot_paths.py; the frozen ``__init__`` sets each field through ``object.__setattr__``). The picker copies a pod
-    with another ``waiting`` per decision.
+    (bench/snapshot_paths.py; the frozen ``__init__`` sets each field through ``object.__setattr__``).
+    The picker copies a pod with another ``waiting`` per decision.
     """
     arguments = [f.name for f in fields(PodSnapshot) if f.init]
     if not names or len(set(names)) != len(names) or not set(names) <= set(arguments):
