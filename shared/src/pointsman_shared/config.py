@@ -136,6 +136,21 @@ class KubernetesDiscovery(_Model):
     kubeconfig: str | None = Field(default=None, min_length=1)
 
 
+def _host_ports(addresses: tuple[str, ...], default_port: int) -> tuple[str, ...]:
+    """``host:port`` each (``default_port`` where none is written), no address twice; errors name the
+    item (``[i]: ...``)."""
+    normalized: list[str] = []
+    for i, raw in enumerate(addresses):
+        try:
+            address = join_host_port(*split_host_port(raw, default_port))
+        except ValueError as exc:
+            raise ValueError(f"[{i}]: {exc}") from None
+        if address in normalized:
+            raise ValueError(f"[{i}]: {address} is listed twice")
+        normalized.append(address)
+    return tuple(normalized)
+
+
 class PoolConfig(_Model):
     name: str = Field(default="default-pool", min_length=1)
     target_port: int = Field(default=8000, gt=0, lt=65536)
@@ -148,17 +163,7 @@ class PoolConfig(_Model):
     @field_validator("endpoints")
     @classmethod
     def _normalize_endpoints(cls, endpoints: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        target_port = info.data.get("target_port", 8000)
-        normalized: list[str] = []
-        for i, raw in enumerate(endpoints):
-            try:
-                address = join_host_port(*split_host_port(raw, target_port))
-            except ValueError as exc:
-                raise ValueError(f"[{i}]: {exc}") from None
-            if address in normalized:
-                raise ValueError(f"[{i}]: {address} is listed twice")
-            normalized.append(address)
-        return tuple(normalized)
+        return _host_ports(endpoints, info.data.get("target_port", 8000))
 
 
 class TargetModel(_Model):
@@ -232,16 +237,7 @@ class RedisSentinelConfig(_Model):
     @field_validator("hosts")
     @classmethod
     def _addresses(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
-        normalized: list[str] = []
-        for i, raw in enumerate(hosts):
-            try:
-                address = join_host_port(*split_host_port(raw, SENTINEL_PORT))
-            except ValueError as exc:
-                raise ValueError(f"[{i}]: {exc}") from None
-            if address in normalized:
-                raise ValueError(f"[{i}]: {address} is listed twice")
-            normalized.append(address)
-        return tuple(normalized)
+        return _host_ports(hosts, SENTINEL_PORT)
 
     @property
     def target(self) -> Sentinel:

@@ -94,8 +94,9 @@ def _answer(status: int) -> bytes:
     return bytes(health_pb2.HealthCheckResponse(status=status).SerializeToString())
 
 
-class _Check:
-    """grpc.health.v1 Check: one request, one answer from the board."""
+class _HealthCall:
+    """A health call: one HealthCheckRequest, then :meth:`asked` with its service (a request that does
+    not decode is INVALID_ARGUMENT)."""
 
     __slots__ = ("_board", "_request", "_server_stream")
 
@@ -111,7 +112,22 @@ class _Check:
         service = _service_of(self._request)
         if service is None:
             self._server_stream.finish(Status.INVALID_ARGUMENT, "not a HealthCheckRequest")
-            return
+        else:
+            self.asked(service)
+
+    def asked(self, service: str) -> None:
+        raise NotImplementedError
+
+    def cancelled(self) -> None:
+        pass
+
+
+class _Check(_HealthCall):
+    """grpc.health.v1 Check: one answer from the board."""
+
+    __slots__ = ()
+
+    def asked(self, service: str) -> None:
         status = self._board.get(service)
         if status is None:
             self._server_stream.finish(Status.NOT_FOUND, f"unknown service {service!r}")
@@ -119,30 +135,18 @@ class _Check:
         self._server_stream.send(_answer(status))
         self._server_stream.finish()
 
-    def cancelled(self) -> None:
-        pass
 
-
-class _Watch:
+class _Watch(_HealthCall):
     """grpc.health.v1 Watch: the status now, then each change, until the client goes or shutdown. An
     unknown service is SERVICE_UNKNOWN (and may become known), as gRPC's own servicers answer."""
 
-    __slots__ = ("_board", "_request", "_server_stream", "_stop")
+    __slots__ = ("_stop",)
 
     def __init__(self, board: HealthBoard, server_stream: ServerStream) -> None:
-        self._board = board
-        self._server_stream = server_stream
-        self._request: bytes | None = None
+        super().__init__(board, server_stream)
         self._stop: Callable[[], None] | None = None
 
-    def message(self, payload: bytes) -> None:
-        self._request = payload
-
-    def half_closed(self) -> None:
-        service = _service_of(self._request)
-        if service is None:
-            self._server_stream.finish(Status.INVALID_ARGUMENT, "not a HealthCheckRequest")
-            return
+    def asked(self, service: str) -> None:
         status = self._board.get(service)
         self._server_stream.send(_answer(SERVICE_UNKNOWN if status is None else status))
         self._stop = self._board.watch(service, self)
