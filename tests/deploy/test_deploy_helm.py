@@ -72,6 +72,8 @@ UNCHECKED = {
 SUPPORTED_RELEASES = {
     # InferenceObjective: v1.0-v1.5.
     "models-and-objectives": ("v1.0.2", "v1.3.1", "v1.5.0"),
+    # InferenceModelRewrite: v1.3-v1.5 (none in v1.0; v1.6 moved it out).
+    "model-rewrites": ("v1.3.1", "v1.5.0"),
     # v1.0's InferencePool takes one target port.
     "data-parallel": ("v1.3.1", "v1.5.0", "v1.6.0"),
     # InferenceModel: v0.x only.
@@ -213,6 +215,11 @@ def test_helm_lint(case: str) -> None:
             "inferencePool.apiVersion=inference.networking.x-k8s.io/v1alpha2,"
             "inferencePool.targetPorts[0].number=8000,inferencePool.targetPorts[1].number=8001",
             "one target port",
+        ),
+        ("inferenceModelRewrites.enable=true", "additional properties 'enable' not allowed"),
+        (
+            "inferencePool.apiVersion=inference.networking.x-k8s.io/v1alpha2,inferenceModelRewrites.enabled=true",
+            "inferenceModelRewrites need the v1 InferencePool",
         ),
         ("config.pool.name=other", "config.pool is the chart's to write"),
         ("config.models[0].modelName=m", "config.models is the chart's to write"),
@@ -654,6 +661,35 @@ def test_the_objectives_and_models_are_the_config_s(tmp_path: Path) -> None:
     assert [o.model_dump() for o in config.objectives] == values["inferenceObjectives"]
     assert [m.model_name for m in config.models] == [m["modelName"] for m in values["models"]]
     assert not _find(objects, "InferenceModel")
+
+
+def test_the_inference_model_rewrites_are_the_config_s_models_rewrites(tmp_path: Path) -> None:
+    # The picker reads the rewrites from its config; with inferenceModelRewrites.enabled the chart
+    # mirrors them for the cluster's other GIE-aware consumers: one object per model with targetModels.
+    objects = _objects("model-rewrites")
+    config = _load_config(objects, tmp_path)
+    pool_ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": RELEASE}
+    declared = {}
+    for rewrite in _find(objects, "InferenceModelRewrite"):
+        assert rewrite["spec"]["poolRef"] == pool_ref
+        (rule,) = rewrite["spec"]["rules"]
+        (match,) = rule["matches"]
+        assert match["model"]["type"] == "Exact"
+        declared[match["model"]["value"]] = rule["targets"]
+    assert declared == {
+        m.model_name: [
+            {"modelRewrite": t.name, **({"weight": t.weight} if t.weight is not None else {})}
+            for t in m.target_models
+        ]
+        for m in config.models
+        if m.target_models
+    }
+    assert [m.model_name for m in config.models] == [
+        m["modelName"] for m in CASES["model-rewrites"]["models"]
+    ]
+    assert not _find(objects, "InferenceObjective")
+    # Off by default, as upstream's optional objects: the same models, no rewrite objects.
+    assert not _find(_objects("models-and-objectives"), "InferenceModelRewrite")
 
 
 def test_a_v1alpha2_pool_gets_the_models_as_inference_models(tmp_path: Path) -> None:

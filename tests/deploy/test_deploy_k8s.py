@@ -2,8 +2,9 @@
 schemas (kubernetes-validate, offline) or the upstream GIE CRDs' schemas of each release it is meant for
 (tests/deploy/data/gie-crds), and the pieces agree with each other: the Pointsman config parses and
 discovers the InferencePool whose selector matches the overlay's pods, the collector's Role and the
-NetworkPolicies allow what its discovery does, the InferenceObjectives (v1) or InferenceModels (v1alpha2)
-are the config's models, the gateway objects point at the picker Service and the pool."""
+NetworkPolicies allow what its discovery does, the InferenceObjectives and InferenceModelRewrites (v1) or
+InferenceModels (v1alpha2) are the config's models, the gateway objects point at the picker Service and the
+pool."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ K8S = REPO / "deploy/k8s"
 # Pool overlays (the base, a pool, its model servers); then what is applied after one.
 POOL_OVERLAYS = ("sim", "vllm", "v1alpha2")
 GATEWAY_OVERLAYS = ("standalone-envoy", "envoy-gateway", "envoy-gateway-v1alpha2")
-OVERLAYS = (*POOL_OVERLAYS, *GATEWAY_OVERLAYS, "inference-objectives")
+OVERLAYS = (*POOL_OVERLAYS, *GATEWAY_OVERLAYS, "inference-objectives", "model-rewrites")
 # vLLM pods on a v1alpha2 pool: what docs/deploy.md tells a user to write, built in a temporary directory.
 VLLM_V1ALPHA2 = "vllm+components/v1alpha2"
 TARGETS = ("base", *[f"overlays/{o}" for o in OVERLAYS], VLLM_V1ALPHA2)
@@ -67,6 +68,8 @@ SUPPORTED_RELEASES = {
     "overlays/vllm": V1_RELEASES,
     # InferenceObjective: v1.0-v1.5 (v1.6 moved it out, with upstream's picker).
     "overlays/inference-objectives": ("v1.0.2", "v1.3.1", "v1.5.0"),
+    # InferenceModelRewrite: v1.3-v1.5 (v1.0 had none yet; v1.6 moved it out, with upstream's picker).
+    "overlays/model-rewrites": ("v1.3.1", "v1.5.0"),
     # InferenceModel: v0.x only (v1.0-v1.3 still serve the v1alpha2 pool, not the InferenceModel).
     "overlays/v1alpha2": ("v0.5.1",),
     VLLM_V1ALPHA2: ("v0.5.1",),
@@ -240,6 +243,8 @@ def _bad_objects() -> list[tuple[str, dict[str, Any], str, str]]:
     ref = pool["spec"]["endpointPickerRef"]
     objective = _one(_objects("overlays/inference-objectives"), "InferenceObjective", "sql-lora")
     model = _one(_objects("overlays/v1alpha2"), "InferenceModel", "tweet-summary")
+    rewrite = _one(_objects("overlays/model-rewrites"), "InferenceModelRewrite", "tweet-summary")
+    (rule,) = rewrite["spec"]["rules"]
     weights = model["spec"]["targetModels"]
     return [
         # (why, object, a release whose CRDs refuse it, what the refusal says)
@@ -263,6 +268,25 @@ def _bad_objects() -> list[tuple[str, dict[str, Any], str, str]]:
         ("no pool", _with(objective, poolRef=None), "v1.5.0", "'poolRef' is a required property"),
         ("bad criticality", _with(model, criticality="Important"), "v0.5.1", "Important"),
         ("some weights", _with(model, targetModels=[weights[0], {"name": "x"}]), "v0.5.1", "Weights"),
+        ("no target", _with(rewrite, rules=[{**rule, "targets": []}]), "v1.3.1", "non-empty"),
+        (
+            "weight zero",
+            _with(rewrite, rules=[{**rule, "targets": [{"modelRewrite": "x", "weight": 0}]}]),
+            "v1.5.0",
+            "less than the minimum of 1",
+        ),
+        (
+            "a target model's name",
+            _with(rewrite, rules=[{**rule, "targets": [{"name": "x", "weight": 1}]}]),
+            "v1.3.1",
+            "'modelRewrite' is a required property",
+        ),
+        (
+            "a prefix match",
+            _with(rewrite, rules=[{**rule, "matches": [{"model": {"type": "Prefix", "value": "t"}}]}]),
+            "v1.5.0",
+            "Prefix",
+        ),
     ]
 
 
@@ -329,6 +353,33 @@ def test_the_inference_objectives_are_the_config_s_models() -> None:
     pools = {(o["spec"]["poolRef"].get("group"), o["spec"]["poolRef"]["name"]) for o in objectives}
     assert pools == {("inference.networking.k8s.io", config.pool.name)}
     assert {o["kind"] for o in objectives} == {"InferenceObjective"}
+
+
+def test_the_inference_model_rewrites_are_the_config_s_models_rewrites() -> None:
+    # The picker reads the rewrites from its config; the overlay mirrors them for the cluster's other
+    # GIE-aware consumers: one object per model with targetModels, one rule matching exactly its name.
+    config = _pointsman_config(_objects("base"))
+    rewrites = _objects("overlays/model-rewrites")
+    assert {o["kind"] for o in rewrites} == {"InferenceModelRewrite"}
+    declared = {}
+    for rewrite in rewrites:
+        ((match,),) = [rule["matches"] for rule in rewrite["spec"]["rules"]]
+        assert match["model"].get("type", "Exact") == "Exact"
+        (rule,) = rewrite["spec"]["rules"]
+        declared[match["model"]["value"]] = (rewrite["metadata"]["name"], rule["targets"])
+    assert declared == {
+        m.model_name: (
+            _object_name(m.model_name),
+            [
+                {"modelRewrite": t.name, **({"weight": t.weight} if t.weight is not None else {})}
+                for t in m.target_models
+            ],
+        )
+        for m in config.models
+        if m.target_models
+    }
+    pools = {(o["spec"]["poolRef"].get("group"), o["spec"]["poolRef"]["name"]) for o in rewrites}
+    assert pools == {("inference.networking.k8s.io", config.pool.name)}
 
 
 @pytest.mark.parametrize("target", V1ALPHA2_POOL_TARGETS)

@@ -14,6 +14,9 @@ type and allowed words, this what depends on several. */}}
 {{- if and (not (include "pointsman.v1Pool" .)) $v.inferenceObjectives -}}
 {{- fail "inferenceObjectives need the v1 InferencePool (inferencePool.apiVersion); v1alpha2 pools take models as InferenceModels" -}}
 {{- end -}}
+{{- if and (not (include "pointsman.v1Pool" .)) $v.inferenceModelRewrites.enabled -}}
+{{- fail "inferenceModelRewrites need the v1 InferencePool (inferencePool.apiVersion); v1alpha2 pools take targetModels in their InferenceModels" -}}
+{{- end -}}
 {{- if and (eq $v.redis.mode "external") (not (or $v.redis.external.url $v.redis.external.existingSecret)) -}}
 {{- fail "redis.mode external needs redis.external.url or redis.external.existingSecret" -}}
 {{- end -}}
