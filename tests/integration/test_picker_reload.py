@@ -69,3 +69,32 @@ def test_an_invalid_change_is_refused_and_the_running_config_stays(
     wait_until(lambda: "scheduling.kvCacheThreshold" in picker_log(stack))
     assert "config change refused, the running config stays" in picker_log(stack)
     assert gateway.post("/v1/completions", json=completion("sql-lora")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(b"", "the file is empty"), (b"models:\n  - modelName: caf\xe9\n", "not UTF-8")],
+    ids=["empty", "not-utf8"],
+)
+def test_an_empty_or_undecodable_file_is_refused_counted_and_the_next_change_applies(
+    gateway: httpx.Client, stack: Stack, pool: Pool, config_doc: dict, content: bytes, reason: str
+) -> None:
+    refused_before = refusals(stack)
+    stack.config_file.write_bytes(content)  # a truncating editor, `> file`, a bad encoding
+    wait_until(lambda: reason in picker_log(stack))
+    wait_until(lambda: refusals(stack) == refused_before + 1)
+    # The running config stays: its models are still served, not 404 (or passed through) as "no models".
+    response = gateway.post("/v1/completions", json=completion("sql-lora-sheddable"))
+    assert response.status_code == 200
+    # ... and reloading still works.
+    reloads = picker_log(stack).count("config reloaded")
+    stack.config_file.write_text(yaml.safe_dump(config_doc), encoding="utf-8")
+    wait_until(lambda: picker_log(stack).count("config reloaded") > reloads)
+
+
+def refusals(stack: Stack) -> float:
+    text = httpx.get(f"http://127.0.0.1:{stack.ports.picker_metrics}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith('pointsman_picker_config_reloads_total{result="refused"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
