@@ -3,6 +3,9 @@ tests/integration/test_redis_sentinel.py and test_redis_cluster.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -10,6 +13,8 @@ from redis.backoff import NoBackoff
 from pointsman_shared.redis_client import ClientOptions, SentinelPrimary, create_client
 from pointsman_shared.redis_url import Sentinel
 
+# A RESP3 server's answers (redis-py 8 speaks RESP3: HELLO 3).
+REPLIES = {b"HELLO": b"%1\r\n+proto\r\n:3\r\n", b"PING": b"+PONG\r\n"}
 OPTIONS = ClientOptions(
     socket_timeout=0.5, connect_timeout=0.25, retry=Retry(NoBackoff(), 2), sentinel_timeout=0.125
 )
@@ -69,3 +74,32 @@ async def test_a_cluster_url_is_a_cluster_client() -> None:
         assert client.nodes_manager.connection_kwargs["password"] == "pw"
     finally:
         await client.aclose()
+
+
+async def test_a_new_connection_sends_auth_and_nothing_the_acl_users_lack() -> None:
+    # What a connection says before the first command, to a fake server: HELLO with AUTH only (no
+    # CLIENT SETINFO, which the ACL users of deploy/redis/users.acl are not granted).
+    heard: list[bytes] = []
+
+    async def fake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                count = int((await reader.readline())[1:])
+                words: list[bytes] = []
+                for _ in range(count):
+                    size = int((await reader.readline())[1:])
+                    words.append((await reader.readexactly(size + 2))[:-2])
+                heard.append(b" ".join(words))
+                writer.write(REPLIES.get(words[0].upper(), b"+OK\r\n"))
+                await writer.drain()
+
+    server = await asyncio.start_server(fake, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = create_client(f"redis://app:pw@127.0.0.1:{port}/0", OPTIONS)
+    try:
+        assert await client.ping()
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert heard == [b"HELLO 3 AUTH app pw", b"PING"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from deploy_kit import REPO, load_all_yaml, load_yaml
+from test_deploy_tls import localized
 
 from pointsman_devstack import deploy, envoy
 
@@ -33,12 +34,8 @@ def test_every_variant_is_found() -> None:
 
 @pytest.mark.parametrize("path", BOOTSTRAPS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_envoy_accepts(path: Path, picker_tls: Path, tmp_path: Path) -> None:
-    text = path.read_text(encoding="utf-8")
-    if deploy.KUBERNETES_TLS_DIR in text:
-        # The Secret's mount point in the pod, here the certificates made above.
-        path = tmp_path / path.name
-        path.write_text(text.replace(deploy.KUBERNETES_TLS_DIR, str(picker_tls)), encoding="utf-8")
-    envoy.validate(path)
+    # The pod's mounts (the TLS Secret, the sidecar's SDS files) here: the certificates made above.
+    envoy.validate(localized(path, picker_tls, tmp_path))
 
 
 @pytest.mark.parametrize("path", BOOTSTRAPS, ids=lambda p: p.relative_to(REPO).as_posix())

@@ -79,16 +79,25 @@ SUPPORTED_RELEASES = {
     # InferenceModel: v0.x only.
     "v1alpha2": ("v0.5.1",),
 }
-# The labels of a gateway's pods that each provider's picker NetworkPolicy lets in (None: anyone, GKE's
-# proxies are not pods of the cluster).
-GATEWAY_PODS: dict[str, dict[str, str] | None] = {
-    "none": {"pointsman.dev/gateway": "true"},
-    "envoy-gateway": {
-        "app.kubernetes.io/managed-by": "envoy-gateway",
-        "app.kubernetes.io/component": "proxy",
-    },
-    "istio": {"gateway.networking.k8s.io/gateway-name": "inference-gateway"},
+# The labels and namespace of a gateway's pods that each provider's picker NetworkPolicy lets in (None:
+# anyone, GKE's proxies are not pods of the cluster).
+GATEWAY_PODS: dict[str, tuple[dict[str, str], str] | None] = {
+    "none": ({"pointsman.dev/gateway": "true"}, "gateways"),
+    "envoy-gateway": (
+        {"app.kubernetes.io/managed-by": "envoy-gateway", "app.kubernetes.io/component": "proxy"},
+        "envoy-gateway-system",
+    ),
+    "istio": ({"gateway.networking.k8s.io/gateway-name": "inference-gateway"}, "istio-ingress"),
     "gke": None,
+}
+# The labels and namespace of the scrapers each provider's NetworkPolicies let read the metrics and
+# /v1/pool (GKE: Managed Prometheus's collectors, any pod of the gmp-system namespace).
+_PROMETHEUS = ({"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}, "monitoring")
+SCRAPER_PODS: dict[str, tuple[dict[str, str], str]] = {
+    "none": _PROMETHEUS,
+    "envoy-gateway": _PROMETHEUS,
+    "istio": _PROMETHEUS,
+    "gke": ({"app.kubernetes.io/name": "collector"}, "gmp-system"),
 }
 Objects = list[dict[str, Any]]
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -460,9 +469,16 @@ def test_probes_and_ports_are_where_the_config_listens(case: str, tmp_path: Path
         assert gateway_ports == [tls_port]
         sidecar = _container(picker_pod, "tls-proxy")
         mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+        # The certificate comes by SDS from a file of the same ConfigMap, naming the Secret's files.
         served = listener["filter_chains"][0]["transport_socket"]["typed_config"]["common_tls_context"]
-        certificate = served["tls_certificates"][0]["certificate_chain"]["filename"]
-        assert certificate == f"{mounts['tls']}/tls.crt"
+        (sds,) = served["tls_certificate_sds_secret_configs"]
+        sds_path = Path(sds["sds_config"]["path_config_source"]["path"])
+        assert sds_path.parent.as_posix() == mounts["tls-proxy"]
+        (secret,) = yaml.safe_load(proxy_map["data"][sds_path.name])["resources"]
+        assert secret["name"] == sds["name"]
+        certificate = secret["tls_certificate"]
+        assert certificate["certificate_chain"]["filename"] == f"{mounts['tls']}/tls.crt"
+        assert certificate["watched_directory"]["path"] == mounts["tls"]
     else:
         assert not [c for c in picker_pod["containers"] if c["name"] == "tls-proxy"]
         assert extproc["targetPort"] == ports["grpc"] == _port(config.picker.listen)
@@ -555,11 +571,66 @@ def test_network_policies_let_collectors_and_gateways_in_and_no_one_else(case: s
     if gateway is None:
         assert _policies_allow(objects, "ingress", picker, model_server, extproc["port"])
     else:
-        assert _policies_allow(objects, "ingress", picker, gateway, extproc["port"])
+        labels, namespace = gateway
+        assert _policies_allow(objects, "ingress", picker, labels, extproc["port"], namespace=namespace)
         assert not _policies_allow(objects, "ingress", picker, model_server, extproc["port"])
-    # Health and metrics stay open to the kubelet and Prometheus.
+    # Health stays open (it only says SERVING or NOT_SERVING); metrics, /v1/pool and the collector's
+    # probes (the kubelet comes from the node: let in whatever the policies say) to the scrapers only.
+    scraper, scrapers_namespace = SCRAPER_PODS[_provider(case)]
     assert _policies_allow(objects, "ingress", picker, model_server, 9003)
-    assert _policies_allow(objects, "ingress", picker, model_server, 9090)
+    for pod, port in ((picker, 9090), (collector, 9100)):
+        assert _policies_allow(objects, "ingress", pod, scraper, port, namespace=scrapers_namespace)
+        assert not _policies_allow(objects, "ingress", pod, model_server, port)
+        assert not _policies_allow(objects, "ingress", pod, picker if pod is collector else collector, port)
+
+
+def test_the_scrapers_can_be_named() -> None:
+    peers = [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"team": "observability"}}}]
+    objects = _render_values({**CASES["default"], "networkPolicy": {"enabled": True, "scraperPeers": peers}})
+    for name in (PICKER, COLLECTOR):
+        pod = _pod_labels(objects, "Deployment", name)
+        port = 9090 if name == PICKER else 9100
+        assert _policies_allow(objects, "ingress", pod, {"team": "observability"}, port, namespace="obs")
+        prometheus, namespace = _PROMETHEUS
+        assert not _policies_allow(objects, "ingress", pod, prometheus, port, namespace=namespace)
+
+
+def test_mtls_makes_the_sidecar_require_a_client_certificate_from_the_secret_s_ca() -> None:
+    objects = _objects("mtls")
+    proxy_map = _one(objects, "ConfigMap", f"{PICKER}-tls-proxy")
+    (listener,) = yaml.safe_load(proxy_map["data"]["envoy.yaml"])["static_resources"]["listeners"]
+    tls = listener["filter_chains"][0]["transport_socket"]["typed_config"]
+    assert tls["require_client_certificate"] is True
+    sds = tls["common_tls_context"]["validation_context_sds_secret_config"]
+    path = Path(sds["sds_config"]["path_config_source"]["path"])
+    (secret,) = yaml.safe_load(proxy_map["data"][path.name])["resources"]
+    assert secret["validation_context"]["trusted_ca"]["filename"] == "/etc/pointsman/tls/ca.crt"
+    picker_pod = _pod(objects, "Deployment", PICKER)
+    volumes = {v["name"]: v for v in picker_pod["volumes"]}
+    assert (
+        volumes["tls"]["secret"]["secretName"] == CASES["mtls"]["inferenceExtension"]["tls"]["existingSecret"]
+    )
+    # Without mTLS, no client certificate is asked for.
+    plain = yaml.safe_load(
+        _one(_objects("default"), "ConfigMap", f"{PICKER}-tls-proxy")["data"]["envoy.yaml"]
+    )
+    typed = plain["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]["typed_config"]
+    assert "require_client_certificate" not in typed
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tls": {"clientAuth": {"enabled": True}}}, "needs inferenceExtension.tls.existingSecret"),
+        (
+            {"tls": {"enabled": False, "existingSecret": "x", "clientAuth": {"enabled": True}}},
+            "needs inferenceExtension.tls.enabled",
+        ),
+    ],
+)
+def test_mtls_needs_tls_and_a_ca_of_your_own(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(Exception, match=message):
+        _render_values({**CASES["default"], "inferenceExtension": values})
 
 
 # --- pods ----------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ pool."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import re
@@ -614,29 +616,45 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def _policies_allow(
-    objects: Objects, direction: str, pod: dict[str, str], peer: dict[str, str] | None, port: int
+    objects: Objects,
+    direction: str,
+    pod: dict[str, str],
+    peer: dict[str, str] | None,
+    port: int,
+    *,
+    namespace: str | None = None,
 ) -> bool:
     """Whether the NetworkPolicies let ``pod`` (its labels) receive (``ingress``) from or send
-    (``egress``) to ``peer`` (a pod's labels, same namespace; ``None``: an address outside the cluster,
-    e.g. the API server) on TCP ``port``. No policy of that direction selecting ``pod``: allowed."""
+    (``egress``) to ``peer`` (a pod's labels, in ``namespace``: by default the policy's own; ``None``: an
+    address outside the cluster, e.g. the API server) on TCP ``port``. No policy of that direction
+    selecting ``pod``: allowed. A namespace's labels are its name's (``kubernetes.io/metadata.name``)."""
     policies = [
-        p["spec"]
+        p
         for p in _find(objects, "NetworkPolicy")
         if direction.capitalize() in p["spec"].get("policyTypes", ["Ingress"])
         and _selects(p["spec"]["podSelector"], pod)
     ]
-    rules = [rule for policy in policies for rule in policy.get(direction, [])]
-    for rule in rules:
-        if rule.get("ports") and port not in [p.get("port") for p in rule["ports"]]:
-            continue
-        peers = rule.get("from" if direction == "ingress" else "to")
-        if not peers:
-            return True
-        for candidate in peers:
-            if peer is None and "ipBlock" in candidate:
+    for policy in policies:
+        own = policy["metadata"].get("namespace", "pointsman")
+        peer_namespace = {"kubernetes.io/metadata.name": namespace or own}
+        for rule in policy["spec"].get(direction, []):
+            if rule.get("ports") and port not in [p.get("port") for p in rule["ports"]]:
+                continue
+            peers = rule.get("from" if direction == "ingress" else "to")
+            if not peers:
                 return True
-            if peer is not None and "podSelector" in candidate and _selects(candidate["podSelector"], peer):
-                return True
+            for candidate in peers:
+                if peer is None:
+                    if "ipBlock" in candidate:
+                        return True
+                    continue
+                if "namespaceSelector" in candidate:
+                    in_namespace = _selects(candidate["namespaceSelector"], peer_namespace)
+                else:
+                    in_namespace = namespace in (None, own)
+                selected = "podSelector" not in candidate or _selects(candidate["podSelector"], peer)
+                if "ipBlock" not in candidate and in_namespace and selected:
+                    return True
     return not policies
 
 
@@ -673,6 +691,28 @@ def test_the_network_policy_reading(
     policies: Objects, direction: str, peer: dict[str, str] | None, port: int, allowed: bool
 ) -> None:
     assert _policies_allow(policies, direction, _POD, peer, port) is allowed
+
+
+_ANY_NAMESPACE = {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": _OTHER}}]}
+_MONITORING = {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]}
+
+
+@pytest.mark.parametrize(
+    ("rule", "peer", "namespace", "allowed"),
+    [
+        (_FROM_OTHER, _OTHER, None, True),
+        (_FROM_OTHER, _OTHER, "elsewhere", False),  # a bare podSelector: the policy's namespace only
+        (_ANY_NAMESPACE, _OTHER, "elsewhere", True),
+        (_ANY_NAMESPACE, {"app": "c"}, "elsewhere", False),
+        (_MONITORING, {"app": "c"}, "mon", True),  # every pod of the namespace
+        (_MONITORING, _OTHER, None, False),
+    ],
+)
+def test_the_network_policy_reading_of_namespaces(
+    rule: dict[str, Any], peer: dict[str, str], namespace: str | None, allowed: bool
+) -> None:
+    policies = [_policy("ingress", rule)]
+    assert _policies_allow(policies, "ingress", _POD, peer, 80, namespace=namespace) is allowed
 
 
 # Each pool target with the gateway overlays that go with it.
@@ -741,9 +781,12 @@ def test_picker_is_reached_only_through_its_tls_sidecar() -> None:
     assert ports[extproc["targetPort"]] == tls_port
     pool = _one(objects, "InferencePool", config.pool.name)
     assert _picker_ref(pool)[:2] == ("pointsman-picker", extproc["port"])
-    policy = _one(objects, "NetworkPolicy", "pointsman-picker")
-    gateway_ports = [p["port"] for rule in policy["spec"]["ingress"] if "from" in rule for p in rule["ports"]]
-    assert gateway_ports == [tls_port]
+    picker = _one(objects, "Deployment", "pointsman-picker")["spec"]["template"]["metadata"]["labels"]
+    gateway = {"pointsman.dev/gateway": "true"}
+    assert _policies_allow(objects, "ingress", picker, gateway, tls_port, namespace="gateways")
+    assert not _policies_allow(objects, "ingress", picker, {"app": "other"}, tls_port)
+    loopback = int(config.picker.listen.rsplit(":", 1)[1])
+    assert not _policies_allow(objects, "ingress", picker, gateway, loopback)
 
 
 def test_picker_has_grpc_probes_an_hpa_and_a_pdb() -> None:
@@ -782,6 +825,70 @@ def test_only_the_collector_and_pickers_reach_redis() -> None:
         "collector",
         "picker",
     ]
+
+
+@pytest.mark.parametrize("target", ["base", "overlays/sim"])
+def test_only_prometheus_reads_the_metrics_and_the_pool_and_anyone_the_health(target: str) -> None:
+    # /metrics of both services and the collector's /v1/pool show every pod's address, load and adapters:
+    # the scrapers only. The picker's gRPC health says SERVING or NOT_SERVING: open.
+    objects = _objects(target)
+    labels = {
+        name: _one(objects, "Deployment", f"pointsman-{name}")["spec"]["template"]["metadata"]["labels"]
+        for name in ("picker", "collector")
+    }
+    prometheus = {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}
+    others = [labels["picker"], labels["collector"], {"pointsman.dev/gateway": "true"}, {"app": "vllm"}]
+    for pod, port in ((labels["picker"], 9090), (labels["collector"], 9100)):
+        assert _policies_allow(objects, "ingress", pod, prometheus, port, namespace="monitoring")
+        for other in others:
+            assert not _policies_allow(objects, "ingress", pod, other, port), other
+    for other in others:
+        assert _policies_allow(objects, "ingress", labels["picker"], other, 9003)
+
+
+def _acl_users(text: str) -> dict[str, list[str]]:
+    """The rules of each user of a Redis ACL file, by name."""
+    return {line.split()[1]: line.split()[2:] for line in text.splitlines() if line.startswith("user ")}
+
+
+def test_redis_runs_the_shipped_acl_users_and_each_service_has_its_own() -> None:
+    objects = _objects("base")
+    secret = _one(objects, "Secret", "pointsman-redis")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    shipped = (REPO / "deploy/redis/users.acl").read_text(encoding="utf-8")
+    assert data["users.acl"] == shipped
+    assert (K8S / "base/redis-users.acl").read_text(encoding="utf-8") == shipped
+    users = _acl_users(shipped)
+    assert users["default"][0] == "off"
+    redis = _one(objects, "StatefulSet", "pointsman-redis")["spec"]["template"]["spec"]
+    (container,) = redis["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in redis["volumes"]}
+    acl_path = container["args"][container["args"].index("--aclfile") + 1]
+    (mounted,) = [name for name, path in mounts.items() if acl_path.startswith(f"{path}/")]
+    assert volumes[mounted]["secret"]["items"] == [{"key": "users.acl", "path": acl_path.rsplit("/", 1)[1]}]
+    assert "--requirepass" not in container["args"]
+
+    def password_of(user: str) -> str:
+        (digest,) = [rule[1:] for rule in users[user] if rule.startswith("#")]
+        return digest
+
+    for service, user in (("collector", "pointsman-collector"), ("picker", "pointsman-picker")):
+        pod = _one(objects, "Deployment", f"pointsman-{service}")["spec"]["template"]["spec"]
+        (env,) = [e for c in pod["containers"] for e in c.get("env", []) if e["name"] == "REDIS_URL"]
+        url = urlsplit(data[env["valueFrom"]["secretKeyRef"]["key"]])
+        assert url.username == user
+        assert url.password is not None
+        assert hashlib.sha256(url.password.encode()).hexdigest() == password_of(user)
+    # The probes log in as the picker, whose PING is all they send.
+    (auth,) = [e for e in container["env"] if e["name"] == "REDISCLI_AUTH"]
+    probe_password = data[auth["valueFrom"]["secretKeyRef"]["key"]]
+    assert hashlib.sha256(probe_password.encode()).hexdigest() == password_of("pointsman-picker")
+    for probe in (container["readinessProbe"], container["livenessProbe"]):
+        command = probe["exec"]["command"]
+        assert command[command.index("--user") + 1] == "pointsman-picker"
+        assert command[-1] == "ping"
+    assert "+ping" in users["pointsman-picker"]
 
 
 def test_every_container_runs_non_root_with_a_read_only_root() -> None:

@@ -15,6 +15,12 @@ timeouts and retries (:class:`ClientOptions`); this module knows the three kinds
   The pool's keys share a hash slot (``pointsman_shared.keys``), so the publish scripts run on one node.
 
 Close a client with ``aclose()`` (a Sentinel client closes its Sentinel connections too).
+
+A new connection sends ``HELLO 3 AUTH`` (with the URL's user and password) and, for a database other
+than 0, ``SELECT``; not redis-py's ``CLIENT SETINFO`` nor ``CLIENT MAINT_NOTIFICATIONS``, so a Redis ACL
+user needs nothing beyond the commands its service runs (deploy/redis/users.acl). ``rediss://``
+verifies the server's certificate and name against the system's CAs (or ``SSL_CERT_FILE``), or against
+a one-server URL's ``?ssl_ca_certs=/path/ca.crt``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from redis.asyncio.sentinel import (
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError, ResponseError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from pointsman_shared import redis_url
 from pointsman_shared.redis_url import Cluster, RedisTarget, Standalone, parse_redis_url
@@ -183,6 +190,8 @@ def _sentinel_primary(target: redis_url.Sentinel, options: ClientOptions) -> Sen
         "username": target.sentinel_username,
         "password": target.sentinel_password,
         "ssl": target.tls,
+        "driver_info": None,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
     sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client: SentinelPrimary = sentinel.master_for(
@@ -215,4 +224,8 @@ def _connection_kwargs(options: ClientOptions) -> dict[str, Any]:
         "socket_timeout": options.socket_timeout,
         "socket_connect_timeout": options.connect_timeout,
         "health_check_interval": options.health_check_interval,
+        # No CLIENT SETINFO nor CLIENT MAINT_NOTIFICATIONS on connect (redis-py's defaults): commands the
+        # ACL users would need, for nothing the services use.
+        "driver_info": None,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }

@@ -12,7 +12,11 @@ clients from what it returns.
   Redis Cluster reached through any of these nodes (:class:`Cluster`; port 6379 by default). A plain
   ``redis://host:port`` with ``cluster=True`` means the same with one start node.
 
-Every error is a :class:`RedisUrlError` (a ValueError) whose message never repeats a password.
+Every error is a :class:`RedisUrlError` (a ValueError) whose message never repeats a password: a
+``/``, ``?``, ``#`` or ``@`` in a user name or password must be percent-encoded, and a URL where one is
+not (an ``@`` after the host) is refused here, before redis-py would read part of the password as a
+port or a database and say so in its error. :func:`redacted` hides the password of any URL, well formed
+or not, and the ``password`` options of the query.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ def parse_redis_url(url: str, *, cluster: bool = False) -> RedisTarget:
     if scheme in CLUSTER_SCHEMES:
         return _cluster(scheme, rest)
     if not cluster:
+        _check_standalone(scheme, rest)
         return Standalone(url)
     if scheme == "unix":
         raise RedisUrlError("a cluster is reached over TCP: write redis://host:port or redis+cluster://")
@@ -91,15 +96,51 @@ def parse_redis_url(url: str, *, cluster: bool = False) -> RedisTarget:
 
 
 def redacted(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, for logs."""
+    """``url`` with its password (if any) replaced by ``***``, for logs.
+
+    The credentials are everything before the last ``@``, so a password holding an unencoded ``/``,
+    ``?`` or ``#`` is hidden too; so are the values of query options named like ``password``
+    (redis-py's ``?password=``, ``?ssl_password=``).
+    """
     scheme, sep, rest = url.partition("://")
-    location = rest.split("/", 1)[0].split("?", 1)[0]
-    credentials, at, _ = location.rpartition("@")
-    if not at or not credentials:
-        return url
-    user, colon, _password = credentials.partition(":")
-    hidden = f"{user}:***" if colon else "***"
-    return f"{scheme}{sep}{hidden}@{rest[len(credentials) + 1 :]}"
+    credentials, at, place = rest.rpartition("@")
+    if at:
+        user, colon, _password = credentials.partition(":")
+        rest = f"{user}:***@{place}" if colon else f"***@{place}"
+    location, question, query = rest.partition("?")
+    if question:
+        query = "&".join(_redacted_option(option) for option in query.split("&"))
+    return f"{scheme}{sep}{location}{question}{query}"
+
+
+def _redacted_option(option: str) -> str:
+    name, equals, _value = option.partition("=")
+    return f"{name}=***" if equals and "password" in unquote(name).lower() else option
+
+
+def _check_standalone(scheme: str, rest: str) -> None:
+    """Refuse what redis-py would misread: credentials cut short by an unencoded ``/?#``, a port or a
+    database that is not a number. The messages name the part, never its text."""
+    _check_encoded(rest)
+    if scheme == "unix":
+        return
+    parts = urlsplit(f"//{rest}")
+    try:
+        parts.port  # noqa: B018 (the property parses and range-checks the port)
+    except ValueError:
+        raise RedisUrlError("the port must be a number from 0 to 65535") from None
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise RedisUrlError("the path is the database: a number")
+
+
+def _check_encoded(rest: str) -> None:
+    """An ``@`` after the first ``/``, ``?`` or ``#`` means credentials holding one of them unencoded."""
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if "@" in rest[end:]:
+        raise RedisUrlError(
+            "percent-encode '/', '?', '#' and '@' in the user name and password (%2F, %3F, %23, %40)"
+        )
 
 
 def _sentinel(scheme: str, rest: str) -> Sentinel:
@@ -131,6 +172,7 @@ def _cluster(scheme: str, rest: str) -> Cluster:
 
 def _split(rest: str) -> tuple[str, str]:
     """``location`` and ``path`` (without its leading slash) of what follows ``scheme://``."""
+    _check_encoded(rest)
     if "?" in rest or "#" in rest:
         raise RedisUrlError("this form takes no query options")
     location, _, path = rest.partition("/")

@@ -76,12 +76,18 @@ capabilities: {drop: [ALL]}
 {{- end -}}
 
 {{/*
-The TLS sidecar's Envoy bootstrap is deploy/k8s/base/picker-tls-proxy.yaml (files/ links to it): the
-port it serves TLS on and the loopback address it passes ext_proc to are read from it, so the picker's
-config, the container ports and the Service follow it.
+The TLS sidecar's Envoy bootstrap is deploy/k8s/base/picker-tls-proxy.yaml, or with clientAuth
+deploy/k8s/components/picker-mtls/picker-tls-proxy.yaml (files/ links to both): the port it serves TLS
+on and the loopback address it passes ext_proc to are read from it, so the picker's config, the
+container ports and the Service follow it. The certificate (and the client CA) come by SDS from the
+files beside it in the same ConfigMap, re-read when the Secret changes.
 */}}
 {{- define "pointsman.tlsProxyBootstrap" -}}
+{{- if .Values.inferenceExtension.tls.clientAuth.enabled -}}
+{{- .Files.Get "files/picker-tls-proxy-mtls.yaml" -}}
+{{- else -}}
 {{- .Files.Get "files/picker-tls-proxy.yaml" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "pointsman.tlsProxyPort" -}}
@@ -170,6 +176,20 @@ config, the container ports and the Service follow it.
 - namespaceSelector: {}
   podSelector:
     matchLabels: {pointsman.dev/gateway: "true"}
+{{- end -}}
+{{- end -}}
+
+{{/* Who may read the picker's metrics and the collectors' port, as NetworkPolicy peers (a YAML list). */}}
+{{- define "pointsman.scraperPeers" -}}
+{{- if .Values.networkPolicy.scraperPeers -}}
+{{- toYaml .Values.networkPolicy.scraperPeers -}}
+{{- else if eq (lower .Values.provider.name) "gke" -}}
+- namespaceSelector:
+    matchLabels: {kubernetes.io/metadata.name: gmp-system}
+{{- else -}}
+- namespaceSelector: {}
+  podSelector:
+    matchLabels: {app.kubernetes.io/name: prometheus}
 {{- end -}}
 {{- end -}}
 

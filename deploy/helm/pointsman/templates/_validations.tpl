@@ -26,6 +26,12 @@ type and allowed words, this what depends on several. */}}
 {{- if and (eq $v.redis.mode "sentinel") (not $v.redis.sentinel.hosts) -}}
 {{- fail "redis.mode sentinel needs redis.sentinel.hosts (host:port of each Sentinel)" -}}
 {{- end -}}
+{{- if and $v.inferenceExtension.tls.clientAuth.enabled (not $v.inferenceExtension.tls.enabled) -}}
+{{- fail "inferenceExtension.tls.clientAuth needs inferenceExtension.tls.enabled" -}}
+{{- end -}}
+{{- if and $v.inferenceExtension.tls.clientAuth.enabled (not $v.inferenceExtension.tls.existingSecret) -}}
+{{- fail "inferenceExtension.tls.clientAuth needs inferenceExtension.tls.existingSecret: a CA you keep, to sign the gateways' client certificates with (deploy/k8s/picker-tls.sh)" -}}
+{{- end -}}
 {{- if and (eq (lower $v.provider.name) "envoy-gateway") $v.provider.envoyGateway.patchPolicy.enabled (not (or $v.experimentalHttpRoute.enabled $v.provider.envoyGateway.httpRouteName)) -}}
 {{- fail "provider.envoyGateway.patchPolicy attaches to an HTTPRoute: set experimentalHttpRoute.enabled or provider.envoyGateway.httpRouteName" -}}
 {{- end -}}

@@ -7,7 +7,8 @@ what ``pointsman_devstack.envoy`` renders for the local stack. Two variants are 
 
 - ``deploy/envoy/envoy-compose.yaml`` (``docker-compose.yaml``): two picker replicas by service name;
 - ``deploy/k8s/overlays/standalone-envoy/envoy.yaml``: the picker Service, over TLS verified against the
-  CA in the ``pointsman-picker-tls`` Secret (``--variant kubernetes``).
+  CA in the ``pointsman-picker-tls`` Secret, presenting the gateway's client certificate (the
+  ``pointsman-gateway-tls`` Secret) to a picker that requires one (``--variant kubernetes``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def compose_options(config: PointsmanConfig, pickers: Sequence[str] = COMPOSE_PI
 
 def compose_bootstrap(options: envoy.EnvoyOptions, *, tls_dir: str | None = None) -> dict[str, Any]:
     """``options``' bootstrap with a STRICT_DNS picker cluster; with ``tls_dir``, TLS to the pickers,
-    verified against ``tls_dir``/ca.crt for the name Envoy dials."""
+    verified against ``tls_dir``/ca.crt for the name Envoy dials, with ``tls_dir``/gateway.crt and
+    gateway.key as the client certificate."""
     doc = envoy.bootstrap(options)
     for cluster in doc["static_resources"]["clusters"]:
         if cluster["name"] != envoy.PICKER_CLUSTER:
@@ -69,6 +71,13 @@ def _upstream_tls(host: str, tls_dir: str) -> dict[str, Any]:
             "common_tls_context": {
                 # ext_proc is gRPC: negotiate HTTP/2.
                 "alpn_protocols": ["h2"],
+                # Sent when the picker asks for one (mTLS: deploy/k8s/components/picker-mtls).
+                "tls_certificates": [
+                    {
+                        "certificate_chain": {"filename": f"{tls_dir}/gateway.crt"},
+                        "private_key": {"filename": f"{tls_dir}/gateway.key"},
+                    }
+                ],
                 "validation_context": {
                     "trusted_ca": {"filename": f"{tls_dir}/ca.crt"},
                     "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": host}}],
