@@ -64,8 +64,26 @@ test-integration: install prometheus ## integration tests through real Redis, si
 
 test: lint test-unit test-integration ## lint + unit + integration tests
 
+FUZZ_SECONDS ?= 60
+FUZZ_CORPUS ?= /tmp/pointsman-fuzz
+FUZZ_TARGETS := frames hpack body
+.PHONY: fuzz
+fuzz: install ## atheris on the native server's frame, HPACK and body parsers, FUZZ_SECONDS (60) each; crashes land in FUZZ_CORPUS
+	@# A crash file goes in bench/fuzz/crashes/ named TARGET-what (the unit tests replay each).
+	@for target in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_CORPUS)/$$target && cd $(FUZZ_CORPUS) && \
+		$(CURDIR)/$(BIN)/python $(CURDIR)/bench/fuzz/targets.py $$target $(FUZZ_CORPUS)/$$target \
+			-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 || exit 1; \
+		cd $(CURDIR); \
+	done
+
 bench: install ## run the benchmarks (results in bench/results/)
 	$(BIN)/python bench/decision_cost.py
+
+.PHONY: soak
+SOAK_MINUTES ?= 10
+soak: install ## not in CI: SOAK_MINUTES (10) at 80% of one picker's capacity through Envoy; RSS, tasks, streams, connections, errors (bench/results/soak.*)
+	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 bench-collector: install ## the collector's CPU, scrapes/s and metric age at 200 pods (bench/results/collector.json)
 	$(BIN)/python bench/collector.py

@@ -14,7 +14,8 @@ transport, and, where the tree has it, through the sans-IO ``protocol.H2Protocol
 bytes are built beforehand with ``hpack``'s encoder (its dynamic table as a real client's), so the
 timed loop is the server's work only.
 
-    .venv/bin/python bench/h2grpc_protocol.py [--repeats 40] [--against CONNECTION_PY] [--json]
+    .venv/bin/python bench/h2grpc_protocol.py [--repeats 40] [--against CONNECTION_PY]
+        [--against-package H2GRPC_DIR] [--json]
 
 To compare with another version of ``connection.py`` (the code before a change, say), give its file:
 it is loaded beside this tree's (with this tree's ``wire.py``) and the two take turns, repeat by
@@ -22,6 +23,14 @@ repeat, in one process, so that a machine shared with other work slows both alik
 
     git show HEAD:services/picker/src/pointsman_picker/h2grpc/connection.py > /tmp/connection_before.py
     .venv/bin/python bench/h2grpc_protocol.py --against /tmp/connection_before.py
+
+Since the sans-IO split the work is in ``protocol.py`` (and ``wire.py``), which an older
+``connection.py`` would import from this tree: give a copy of the whole older package instead, and
+its ``connection.H2Connection`` and ``protocol.H2Protocol`` are timed beside this tree's (``before.*``):
+
+    mkdir /tmp/h2grpc_before && git archive HEAD services/picker/src/pointsman_picker/h2grpc \\
+        | tar -x --strip-components=5 -C /tmp/h2grpc_before
+    .venv/bin/python bench/h2grpc_protocol.py --against-package /tmp/h2grpc_before
 """
 
 from __future__ import annotations
@@ -31,8 +40,12 @@ import gc
 import importlib
 import importlib.util
 import json
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -156,19 +169,41 @@ def adapter_feeder(module: ModuleType) -> Feeder:
     return feeder
 
 
-def protocol_feeder(methods: dict[bytes, Any]) -> tuple[Callable[[bytes], None], Callable[[], int]]:
-    protocol_module = importlib.import_module("pointsman_picker.h2grpc.protocol")
-    protocol = protocol_module.H2Protocol(methods, max_message_bytes=8 * 1024 * 1024)
-    receive, to_send = protocol.receive_data, protocol.data_to_send
-    sent = [0]
-    to_send()
+def protocol_feeder(protocol_module: ModuleType) -> Feeder:
+    def feeder(methods: dict[bytes, Any]) -> tuple[Callable[[bytes], None], Callable[[], int]]:
+        protocol = protocol_module.H2Protocol(methods, max_message_bytes=8 * 1024 * 1024)
+        receive, to_send = protocol.receive_data, protocol.data_to_send
+        sent = [0]
+        to_send()
 
-    def feed(data: bytes) -> None:
-        receive(data)
-        if to_send():
-            sent[0] += 1
+        def feed(data: bytes) -> None:
+            receive(data)
+            if to_send():
+                sent[0] += 1
 
-    return feed, lambda: sent[0]
+        return feed, lambda: sent[0]
+
+    return feeder
+
+
+def load_package(directory: str) -> tuple[ModuleType, ModuleType]:
+    """An older copy of the h2grpc package, importable beside this tree's: its connection and protocol."""
+    root = Path(tempfile.mkdtemp(prefix="h2grpc_bench_"))
+    package = root / "h2grpc_before"
+    package.mkdir()
+    for source in Path(directory).glob("*.py"):
+        text = source.read_text().replace("pointsman_picker.h2grpc", "h2grpc_before")
+        (package / source.name).write_text(text)
+    if not (package / "__init__.py").exists():
+        (package / "__init__.py").write_text("")
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module("h2grpc_before.connection"), importlib.import_module(
+            "h2grpc_before.protocol"
+        )
+    finally:
+        sys.path.remove(str(root))
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run_once(feeder: Feeder, reads: list[bytes], units: int) -> tuple[float, int]:
@@ -198,13 +233,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--against", metavar="CONNECTION_PY", help="another connection.py, timed in turns")
+    parser.add_argument(
+        "--against-package", metavar="H2GRPC_DIR", help="a copy of another h2grpc package, timed in turns"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line instead of text")
     args = parser.parse_args()
     feeders: dict[str, Feeder] = {"connection": adapter_feeder(connection)}
     if args.against:
         feeders["against"] = adapter_feeder(load_other(args.against))
     if importlib.util.find_spec("pointsman_picker.h2grpc.protocol") is not None:  # since the sans-IO split
-        feeders["protocol"] = protocol_feeder
+        feeders["protocol"] = protocol_feeder(importlib.import_module("pointsman_picker.h2grpc.protocol"))
+    if args.against_package:
+        before_connection, before_protocol = load_package(args.against_package)
+        feeders["before.connection"] = adapter_feeder(before_connection)
+        feeders["before.protocol"] = protocol_feeder(before_protocol)
     shapes = {"message": (message_reads(), MESSAGES), "stream": (stream_reads(), STREAMS)}
     results: dict[str, float] = {}
     for shape, (reads, units) in shapes.items():
@@ -220,7 +262,7 @@ def main() -> None:
         for name in feeders:
             results[f"{name}.{shape}"] = round(best[name], 3)
             if not args.json:
-                print(f"{name:>10} {shape:>8}: {best[name]:7.3f} µs per {shape}  ({writes[name]} writes)")
+                print(f"{name:>17} {shape:>8}: {best[name]:7.3f} µs per {shape}  ({writes[name]} writes)")
     if args.json:
         print(json.dumps(results))
 

@@ -3,6 +3,7 @@ and how it follows the transport's flow control."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -138,4 +139,39 @@ def test_a_peer_that_stops_reading_stops_being_read(conn):
     conn.connection.pause_writing()
     assert not conn.transport.reading
     conn.connection.resume_writing()
+    assert conn.transport.reading
+
+
+async def test_streams_past_the_per_read_limit_are_handled_on_later_turns_with_reading_paused():
+    conn = adapted()
+    peer = conn.peer
+    conn.connection.data_received(
+        wire.PREFACE
+        + wire.settings_frame({})
+        + b"".join(peer.headers(i, end_stream=True) for i in range(1, 200, 2))
+    )
+    assert conn.calls.half_closed == 32  # the rest waits for the loop's next turns
+    assert not conn.transport.reading
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert conn.calls.half_closed == 100
+    assert conn.transport.reading
+
+
+async def test_the_backlog_waits_while_the_peer_is_not_reading():
+    conn = adapted()
+    peer = conn.peer
+    conn.connection.data_received(
+        wire.PREFACE
+        + wire.settings_frame({})
+        + b"".join(peer.headers(i, end_stream=True) for i in range(1, 200, 2))
+    )
+    conn.connection.pause_writing()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert conn.calls.half_closed == 32
+    conn.connection.resume_writing()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert conn.calls.half_closed == 100
     assert conn.transport.reading

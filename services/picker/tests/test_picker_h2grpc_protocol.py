@@ -23,6 +23,7 @@ from pointsman_picker.h2grpc import calls as calls_module
 from pointsman_picker.h2grpc import protocol as protocol_module
 from pointsman_picker.h2grpc import wire
 from pointsman_picker.h2grpc.calls import ServerStream, Status
+from pointsman_picker.h2grpc.limits import Limits
 from pointsman_picker.h2grpc.protocol import MAX_FRAME, RECEIVE_WINDOW, H2Protocol
 from pointsman_picker.h2grpc.wire import (
     ACK,
@@ -112,13 +113,18 @@ def parse(data: bytes) -> list[Frame]:
 class Peer:
     """A client on one :class:`H2Protocol`; what it sends is handled at once, what comes back parsed."""
 
-    def __init__(self, *, max_message_bytes: int = MAX_MESSAGE, method: type = Echo) -> None:
+    def __init__(
+        self, *, max_message_bytes: int = MAX_MESSAGE, method: type = Echo, limits: Limits | None = None
+    ) -> None:
         self.calls = Calls()
         self.idle = 0
         self.output_waiting = 0
+        self.now = 0.0  # the protocol's clock: tests move it
         self.protocol = H2Protocol(
             {ECHO.encode(): lambda stream: method(self.calls, stream)},
             max_message_bytes=max_message_bytes,
+            limits=limits,
+            clock=lambda: self.now,
             on_idle=self._idle,
             on_output=self._output,
         )
@@ -224,10 +230,13 @@ def test_the_server_speaks_first_with_its_settings_and_a_wide_window():
     settings, window = peer.preface
     assert settings.kind == FrameType.SETTINGS
     assert not settings.flags
+    limits = Limits()
     assert dict(wire.parse_settings(settings.payload)) == {
         Setting.ENABLE_PUSH: 0,
-        Setting.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
+        Setting.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+        Setting.INITIAL_WINDOW_SIZE: limits.initial_window_size,
         Setting.MAX_FRAME_SIZE: MAX_FRAME,
+        Setting.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
     }
     assert (window.kind, window.stream_id) == (FrameType.WINDOW_UPDATE, 0)
     assert wire.u32(window.payload) == RECEIVE_WINDOW - wire.DEFAULT_WINDOW
@@ -480,13 +489,40 @@ def test_a_smaller_initial_window_shrinks_open_streams():
     assert [len(f.payload) for f in only(frames, FrameType.DATA, 1)] == [10]
 
 
-def test_what_is_read_is_returned_to_both_receive_windows(peer):
-    chunk = b"r" * (MAX_FRAME - 5)
+def test_consumed_messages_return_both_receive_windows(peer):
+    window = Limits().initial_window_size
+    chunk = b"r" * (window - 5)  # one message filling the stream's window
     frames = peer.send(peer.headers(1))
-    for _ in range(RECEIVE_WINDOW // 2 // MAX_FRAME):
+    for _ in range(RECEIVE_WINDOW // 2 // window):
         frames += peer.send(peer.message(1, chunk))
-    updates = {f.stream_id: wire.u32(f.payload) for f in only(frames, FrameType.WINDOW_UPDATE)}
-    assert updates == {0: RECEIVE_WINDOW // 2, 1: RECEIVE_WINDOW // 2}
+    updates = [(f.stream_id, wire.u32(f.payload)) for f in only(frames, FrameType.WINDOW_UPDATE)]
+    assert updates.count((1, window)) == RECEIVE_WINDOW // 2 // window  # each message as it is consumed
+    assert [u for u in updates if u[0] == 0] == [(0, RECEIVE_WINDOW // 2)]
+
+
+def test_bytes_of_an_unfinished_message_are_not_returned_to_the_stream(peer):
+    window = Limits().initial_window_size
+    message = wire.grpc_message(b"u" * 600_000)
+    frames = peer.send(peer.headers(1), peer.data(1, message[:500_000]))
+    assert not only(frames, FrameType.WINDOW_UPDATE, 1)  # 500 KB held: the peer keeps what is left
+    frames = peer.send(peer.data(1, message[500_000:]))
+    assert peer.calls.messages == [b"u" * 600_000]
+    assert [wire.u32(f.payload) for f in only(frames, FrameType.WINDOW_UPDATE, 1)] == [len(message)]
+    assert len(message) >= window // 2  # consumed: more than half the window is due back
+
+
+def test_a_message_larger_than_the_stream_window_opens_the_window_to_its_size():
+    peer = Peer(limits=Limits(initial_window_size=65_535))
+    peer.connect()
+    message = wire.grpc_message(b"L" * 200_000)
+    frames = peer.send(peer.headers(1), peer.data(1, message[:60_000]))
+    (opened,) = only(frames, FrameType.WINDOW_UPDATE, 1)
+    assert 65_535 - 60_000 + wire.u32(opened.payload) >= len(message) - 60_000  # room for the rest
+    sent = 60_000
+    while sent < len(message):  # the rest in frames the default frame size allows
+        peer.send(peer.data(1, message[sent : sent + 16_384]))
+        sent += 16_384
+    assert peer.calls.messages == [b"L" * 200_000]
 
 
 # -- resets, pings, errors -----------------------------------------------------------------------------
@@ -504,7 +540,10 @@ def test_a_reset_stream_cancels_its_call(peer):
     assert peer.calls.cancelled == 1
     assert peer.protocol.open_streams == 0
     assert peer.idle == 1
-    assert peer.send(peer.message(1, b"late")) == []
+    # RFC 9113 §6.1: DATA on a closed stream is a stream error STREAM_CLOSED (once: then dropped).
+    (closed,) = peer.send(peer.message(1, b"late"))
+    assert closed == Frame(FrameType.RST_STREAM, 0, 1, ErrorCode.STREAM_CLOSED.to_bytes(4, "big"))
+    assert peer.send(peer.message(1, b"later")) == []
 
 
 def test_a_reset_right_after_the_half_close_gets_no_trailers(peer):
@@ -552,12 +591,11 @@ def _window_overflow() -> bytes:
         ),
         pytest.param(
             lambda p: (
-                wire.frame(FrameType.HEADERS, 0, 1, b"")
-                + wire.frame(FrameType.CONTINUATION, 0, 1, b"\0" * MAX_FRAME)
-                + wire.frame(FrameType.CONTINUATION, 0, 1, b"\0")
+                wire.frame(FrameType.HEADERS, 0, 1, b"\0" * 16_384)
+                + wire.frame(FrameType.CONTINUATION, 0, 1, b"\0" * Limits().max_header_block)
             ),
-            ErrorCode.FRAME_SIZE_ERROR,
-            id="a header block too large",
+            ErrorCode.COMPRESSION_ERROR,
+            id="a header block too large to decode",
         ),
         pytest.param(
             lambda p: wire.frame(FrameType.HEADERS, END_HEADERS, 1, b"\xff"),

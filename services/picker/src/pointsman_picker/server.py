@@ -31,7 +31,7 @@ from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, na
 from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
-from pointsman_picker.metrics import MetricsServer, PickerMetrics, SnapshotCollector
+from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.plugins import PluginError
@@ -80,6 +80,7 @@ class PickerApp:
             on_finish=self._finished,
             clock=time.monotonic,
         )
+        registry.register(RuntimeCollector(open_streams=lambda: self.service.open_streams))
         self.health = HealthBoard()
         # grpc.aio's servicer (the health port; ext_proc's port with picker.server grpcio) keeps a copy.
         self._grpc_health = health.aio.HealthServicer()
@@ -121,6 +122,7 @@ class PickerApp:
                 {**native_methods(self.service), **health_methods(self.health)},
                 # The body plus the ProcessingRequest around it.
                 max_message_bytes=picker.max_body_bytes + 64 * 1024,
+                http2=picker.http2,
             )
             self.port = await self._native.start(*split_listen(picker.listen))
         else:
@@ -235,6 +237,7 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
         ("picker.healthListen", old.picker.health_listen, new.picker.health_listen),
         ("picker.metricsListen", old.picker.metrics_listen, new.picker.metrics_listen),
         ("picker.server", old.picker.server, new.picker.server),
+        ("picker.http2", old.picker.http2, new.picker.http2),
         ("redis", old.redis.display, new.redis.display),
         ("pool.name", old.pool.name, new.pool.name),
     ]

@@ -3,27 +3,40 @@
 Bytes read from the peer go in through :meth:`H2Protocol.receive_data`; the bytes to write come out of
 :meth:`H2Protocol.data_to_send`; when :attr:`H2Protocol.closing` turns true the transport should be
 closed once those are written. The socket loop is someone else's (``connection.py`` for asyncio; the
-tests replay bytes), as with python-hyper/h2's ``H2Connection``. There are no timers: shutdown's grace
-is the server's.
+tests replay bytes), as with python-hyper/h2's ``H2Connection``. There are no timers: the clock is
+given, and the asyncio side calls :meth:`H2Protocol.handshake_timed_out` or :meth:`H2Protocol.goaway`
+when its timers run out.
 
 Calls are synchronous: a method's :class:`~pointsman_picker.h2grpc.calls.Call` gets each request
 message as soon as its last byte is read and answers through its ``ServerStream`` in place, so a
 message costs no task, no future and no thread hop, and everything answered while one read is handled
 comes out of one ``data_to_send``.
 
-Flow control: this side advertises large windows and returns what it reads right away (messages are
-capped, not the window); what it sends waits for the peer's stream and connection windows and is cut
-to the peer's frame size.
+Defences (each limit in :class:`~pointsman_picker.h2grpc.limits.Limits`): RFC 9113's connection and
+stream errors; the limits advertised in SETTINGS (concurrent streams, header list size) enforced;
+token buckets for resets, PINGs, SETTINGS and empty frames (GOAWAY ENHANCE_YOUR_CALM past them); a
+cap on header-block bytes and CONTINUATION frames; a cap on request bytes held in unfinished
+messages and on responses queued for a peer that grants no window; at most ``max_streams_per_read``
+new streams per turn (:attr:`H2Protocol.backlog` tells the caller to come back). A connection error
+is GOAWAY with its code; an unexpected exception is GOAWAY INTERNAL_ERROR and a logged traceback.
+
+Flow control: each stream's receive window is returned as its messages are consumed, and opened to a
+message's announced length when that is larger; the connection's window is returned as bytes are
+read (each is consumed, dropped, or held within ``max_buffered_bytes``). What this side sends waits
+for the peer's windows and is cut to the peer's frame size; streams waiting on the connection window
+and those waiting on their own are kept apart, so a WINDOW_UPDATE or SETTINGS visits only those.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
 from pointsman_picker.h2grpc import wire
 from pointsman_picker.h2grpc.calls import Call, Method, Status
+from pointsman_picker.h2grpc.limits import Limits, Rate, TokenBucket
 from pointsman_picker.h2grpc.wire import (
     ACK,
     END_HEADERS,
@@ -37,8 +50,22 @@ from pointsman_picker.h2grpc.wire import (
 
 log = logging.getLogger(__name__)
 
-RECEIVE_WINDOW = 16 * 1024 * 1024
+RECEIVE_WINDOW = 16 * 1024 * 1024  # the connection's receive window
+_HALF_RECEIVE_WINDOW = RECEIVE_WINDOW // 2
 MAX_FRAME = 1024 * 1024  # what this side accepts; the peer's own limit caps what it sends
+MAX_SETTINGS = 32  # entries in one SETTINGS frame (nghttp2's NGHTTP2_DEFAULT_MAX_SETTINGS)
+_CONNECTION_SPECIFIC = frozenset(
+    {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
+)
+_MESSAGE_PATH = 200  # of an unknown method's path, echoed in its grpc-message
+
+
+class _Unexpected(Exception):
+    """A bug met while handling a frame of ``stream_id``: the connection ends with INTERNAL_ERROR."""
+
+    def __init__(self, stream_id: int) -> None:
+        super().__init__(stream_id)
+        self.stream_id = stream_id
 
 
 class _Stream:
@@ -52,23 +79,29 @@ class _Stream:
         "id",
         "inbox",
         "outbox",
+        "queued",
+        "recv_window",
         "remote_closed",
-        "send_window",
+        "reserved",
+        "send_delta",
         "trailers",
-        "unacked",
     )
 
-    def __init__(self, connection: H2Protocol, stream_id: int, send_window: int) -> None:
+    def __init__(self, connection: H2Protocol, stream_id: int) -> None:
         self.connection = connection
         self.id = stream_id
         self.call: Call | None = None
         self.inbox = bytearray()  # a request message not yet complete
+        self.reserved = 0  # the announced size of that message, counted in the connection's budget
+        self.recv_window = connection._initial_window  # what the peer may still send on this stream
         self.outbox: deque[bytes] = deque()  # response bytes waiting for flow-control window
-        self.send_window = send_window
-        self.unacked = 0  # bytes read and not yet returned to the peer's stream window
+        self.queued = 0  # their size
+        # The stream's send window is the peer's initial window plus this: a SETTINGS change of the
+        # initial window then moves every stream's at once without visiting any.
+        self.send_delta = 0
         self.headers_sent = False
         self.trailers: bytes | None = None  # waiting behind the outbox
-        self.remote_closed = False
+        self.remote_closed = False  # the peer ended its side (END_STREAM)
         self.finished = False
 
     def send(self, payload: bytes) -> None:
@@ -78,8 +111,19 @@ class _Stream:
         if not self.headers_sent:
             self.headers_sent = True
             connection._write(wire.frame(FrameType.HEADERS, END_HEADERS, self.id, wire.RESPONSE_HEADERS))
-        self.outbox.append(wire.grpc_message(payload))
-        connection._drain(self)
+        message = wire.grpc_message(payload)
+        outbox = self.outbox
+        if outbox:  # waiting for window already: this waits behind
+            outbox.append(message)
+            self.queued += len(message)
+            connection._queued_more(len(message))
+        else:
+            outbox.append(message)
+            connection._drain(self)
+            if outbox:  # the windows ran out: what is left waits, counted
+                left = sum(len(chunk) for chunk in outbox)
+                self.queued = left
+                connection._queued_more(left)
         if not connection._reading:
             connection._output_waiting()
 
@@ -100,12 +144,13 @@ class _Stream:
 
 class H2Protocol:
     """One HTTP/2 server connection's state: its streams, both flow-control directions, the header
-    decoder, the shutdown state, and the bytes waiting to be written.
+    decoder, the flood budgets, the shutdown state, and the bytes waiting to be written.
 
     ``on_idle`` is told whenever the last open stream ends (the server's shutdown waits on it).
     ``on_output`` is told when a method answers outside :meth:`receive_data` (a call answered later):
     the answer is then waiting in :meth:`data_to_send`. Inside ``receive_data`` nobody is told: the
-    caller collects everything once the read is handled.
+    caller collects everything once the read is handled. ``clock`` (seconds, monotonic) is read only
+    when a budgeted frame arrives.
     """
 
     def __init__(
@@ -113,29 +158,68 @@ class H2Protocol:
         methods: Mapping[bytes, Method],
         *,
         max_message_bytes: int,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
         on_idle: Callable[[], None] | None = None,
         on_output: Callable[[], None] | None = None,
     ) -> None:
+        limits = limits or Limits()
         self._methods = methods
         self._max_message = max_message_bytes
+        self._limits = limits
+        self._clock = clock
         self._on_idle = on_idle
         self._on_output = on_output
         self._buffer = bytearray()  # the start of a frame not yet complete
         self._preface_seen = False
-        self._decoder = wire.HeaderDecoder()
+        self._handle = self._first_frame  # then self._frame, once the client's SETTINGS came
+        self._decoder = wire.HeaderDecoder(max_list_size=limits.max_header_list_size)
         self._streams: dict[int, _Stream] = {}
         self._last_stream_id = 0
+        self.streams_started = 0
+        """Streams this connection has opened, ever (the asyncio side tells idleness by it)."""
+        # Streams this side reset, newest last: frames the peer sent before it saw the reset are dropped.
+        self._reset_sent: dict[int, None] = {}
+        self._reset_memory = max(256, 2 * limits.max_concurrent_streams)
+        self._max_streams = limits.max_concurrent_streams
+        self._max_block = limits.max_header_block
+        self._max_continuations = limits.max_continuations
+        # Receiving.
+        self._initial_window = limits.initial_window_size
+        self._half_window = limits.initial_window_size // 2
+        self._unacked = 0  # read, not yet returned to the connection window
+        self._held = 0  # request bytes reserved by unfinished messages, over every stream
+        # (stream, flags, block, depends on itself) of a HEADERS frame whose CONTINUATIONs are due
+        self._header_block: tuple[int, int, bytearray, bool] | None = None
+        self._checked: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")  # a field list found well-formed
+        self._continuations = 0
+        self._turn_left = limits.max_streams_per_read
+        self.backlog = False
+        """Frames were left unread for the other connections' sake: call ``receive_data(b"")`` again."""
+        # Sending.
         self._peer_window = wire.DEFAULT_WINDOW  # the peer's initial stream window
         self._peer_max_frame = wire.DEFAULT_MAX_FRAME
         self._send_window = wire.DEFAULT_WINDOW  # the connection's
-        self._unacked = 0  # read, not yet returned to the connection window
-        self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block) of HEADERS
+        self._max_send_delta = 0  # at least every open stream's send_delta (exact when it matters)
+        self._conn_blocked: dict[
+            int, _Stream
+        ] = {}  # streams with window of their own, waiting on the connection's
+        self._stream_blocked: dict[int, _Stream] = {}  # streams waiting on their own window
+        self._queued = 0  # response bytes in the streams' outboxes
         self._out: list[bytes] = []
         self._reading = False  # inside receive_data: nobody needs telling about output
         # stream -> index in _out of trailers not yet handed out, so a reset right behind the
         # half-close can take them back.
         self._trailers_at: dict[int, int] = {}
+        # Budgets.
+        now = clock()
+        self._resets = TokenBucket(limits.resets, now)
+        self._pings = TokenBucket(limits.pings, now)
+        self._settings_budget = TokenBucket(limits.settings, now)
+        self._empty = TokenBucket(limits.empty_frames, now)
+        self._acks_due = 1  # SETTINGS acknowledgements the peer owes this side
         self._going_away = False
+        self._peer_goaway = False
         self.closing = False
         """The connection is over: write what :meth:`data_to_send` gives, then close the transport."""
         # The server's connection preface.
@@ -143,8 +227,10 @@ class H2Protocol:
             wire.settings_frame(
                 {
                     Setting.ENABLE_PUSH: 0,
-                    Setting.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
+                    Setting.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+                    Setting.INITIAL_WINDOW_SIZE: limits.initial_window_size,
                     Setting.MAX_FRAME_SIZE: MAX_FRAME,
+                    Setting.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
                 }
             )
         )
@@ -155,18 +241,44 @@ class H2Protocol:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    @property
+    def handshake_done(self) -> bool:
+        """The client's preface and first SETTINGS have been read."""
+        return self._handle != self._first_frame
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request bytes this connection holds: unfinished messages, a partial frame, a header block."""
+        block = self._header_block
+        return (
+            sum(len(stream.inbox) for stream in self._streams.values())
+            + len(self._buffer)
+            + (len(block[2]) if block is not None else 0)
+        )
+
+    @property
+    def queued_bytes(self) -> int:
+        """Response bytes waiting for the peer's flow-control window, and written but not handed out."""
+        return self._queued + sum(len(data) for data in self._out)
+
     def receive_data(self, data: bytes) -> None:
         """Handle bytes read from the peer: frames are acted on and complete messages handed to their
-        methods before this returns. A peer breaking HTTP/2 gets GOAWAY, and the connection closes."""
+        methods before this returns (up to ``max_streams_per_read`` new streams: then :attr:`backlog`
+        is set and the rest waits for the next call). A peer breaking HTTP/2 gets GOAWAY, and the
+        connection closes."""
         if self.closing:
             return  # what a closed transport would have dropped
         self._reading = True
+        self._turn_left = self._limits.max_streams_per_read
         try:
             self._receive(data)
         except H2ConnectionError as exc:
-            log.warning("HTTP/2 connection error: %s", exc)
-            self._write(wire.goaway(self._last_stream_id, exc.code, str(exc).encode()[:256]))
-            self.close()
+            self._fail(exc)
+        except _Unexpected as exc:
+            log.error(
+                "HTTP/2 connection: unexpected error on stream %d", exc.stream_id, exc_info=exc.__cause__
+            )
+            self._fail(H2ConnectionError("internal error", ErrorCode.INTERNAL_ERROR))
         finally:
             self._reading = False
 
@@ -182,12 +294,18 @@ class H2Protocol:
         return data
 
     def goaway(self) -> None:
-        """Refuse new streams and close once the open ones end (graceful shutdown)."""
+        """Refuse new streams and close once the open ones end (graceful shutdown, or the connection's
+        age)."""
         if self._going_away or self.closing:
             return
         self._going_away = True
         self._write(wire.goaway(self._last_stream_id, ErrorCode.NO_ERROR))
         self._close_if_idle()
+
+    def handshake_timed_out(self, seconds: float) -> None:
+        """The client's preface and SETTINGS did not arrive within ``seconds``: GOAWAY, close."""
+        if not self.handshake_done:
+            self._fail(H2ConnectionError(f"no client preface and SETTINGS within {seconds:g}s"))
 
     def close(self) -> None:
         """Cancel what is open and close now (shutdown's grace has run out, or the peer broke HTTP/2)."""
@@ -195,10 +313,16 @@ class H2Protocol:
             self._write(wire.rst_stream(stream.id, ErrorCode.CANCEL))
             self._end(stream, cancelled=True)
         self.closing = True
+        self._turn_left = 0
+        self.backlog = False
+        self._header_block = None
+        self._buffer.clear()
 
     def connection_lost(self) -> None:
         """The transport is gone: every open call is cancelled."""
         self.closing = True
+        self._turn_left = 0
+        self.backlog = False
         for stream in list(self._streams.values()):
             self._end(stream, cancelled=True)
 
@@ -222,19 +346,33 @@ class H2Protocol:
             self._preface_seen = True
             at = len(wire.PREFACE)
         end = len(view)
-        while end - at >= wire.FRAME_HEADER_BYTES:
-            length, kind, flags, stream_id = wire.frame_header(view, at)
-            if length > MAX_FRAME:
-                raise H2ConnectionError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
-            start = at + wire.FRAME_HEADER_BYTES
-            if end - start < length:
-                break
-            at = start + length
-            self._frame(kind, flags, stream_id, bytes(view[start:at]))
+        stream_id = 0
+        try:
+            while self._turn_left > 0 and end - at >= wire.FRAME_HEADER_BYTES:
+                length, kind, flags, stream_id = wire.frame_header(view, at)
+                if length > MAX_FRAME:
+                    raise H2ConnectionError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
+                start = at + wire.FRAME_HEADER_BYTES
+                if end - start < length:
+                    break
+                at = start + length
+                self._handle(kind, flags, stream_id, bytes(view[start:at]))
+        except H2ConnectionError:
+            raise
+        except Exception as exc:
+            raise _Unexpected(stream_id) from exc
+        self.backlog = self._turn_left <= 0 and not self.closing and end - at >= wire.FRAME_HEADER_BYTES
         if view is buffer:
             del buffer[:at]
         elif at < end:
             buffer += view[at:]
+
+    def _first_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        # RFC 9113 §3.4: the preface's SETTINGS frame is the client's first.
+        if kind != FrameType.SETTINGS or flags & ACK:
+            raise H2ConnectionError("the client's first frame is not SETTINGS")
+        self._handle = self._frame
+        self._frame(kind, flags, stream_id, payload)
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._header_block is not None and kind != FrameType.CONTINUATION:
@@ -243,44 +381,67 @@ class H2Protocol:
             self._data(flags, stream_id, payload)
         elif kind == FrameType.HEADERS:
             self._headers(flags, stream_id, payload)
-        elif kind == FrameType.CONTINUATION:
-            self._continuation(flags, stream_id, payload)
+        elif kind == FrameType.RST_STREAM:
+            self._rst_stream(stream_id, payload)
         elif kind == FrameType.WINDOW_UPDATE:
             self._window_update(stream_id, payload)
+        elif kind == FrameType.CONTINUATION:
+            self._continuation(flags, stream_id, payload)
         elif kind == FrameType.SETTINGS:
             self._settings(flags, stream_id, payload)
         elif kind == FrameType.PING:
-            if len(payload) != 8 or stream_id:
-                raise H2ConnectionError("malformed PING", ErrorCode.FRAME_SIZE_ERROR)
-            if not flags & ACK:
+            if stream_id:
+                raise H2ConnectionError("PING on a stream")
+            if len(payload) != 8:
+                raise H2ConnectionError("PING of the wrong length", ErrorCode.FRAME_SIZE_ERROR)
+            if flags & ACK:
+                self._spend(self._empty, self._limits.empty_frames, "empty frames")  # this side sends none
+            else:
+                self._spend(self._pings, self._limits.pings, "PINGs")
                 self._write(wire.frame(FrameType.PING, ACK, 0, payload))
-        elif kind == FrameType.RST_STREAM:
-            stream = self._streams.get(stream_id)
-            if stream is not None:
-                self._end(stream, cancelled=True)
-            elif stream_id in self._trailers_at:
-                # Envoy ends each ext_proc stream with END_STREAM and RST_STREAM in one write: the
-                # trailers answering the first are not wanted; not sending them spares a write and a
-                # wake-up on both sides.
-                self._out[self._trailers_at.pop(stream_id)] = b""
         elif kind == FrameType.GOAWAY:
-            self._going_away = True
+            if stream_id:
+                raise H2ConnectionError("GOAWAY on a stream")
+            if len(payload) < 8:
+                raise H2ConnectionError("GOAWAY too short", ErrorCode.FRAME_SIZE_ERROR)
+            if self._peer_goaway:
+                self._spend(self._empty, self._limits.empty_frames, "empty frames")
+            self._peer_goaway = self._going_away = True
             self._close_if_idle()
         elif kind == FrameType.PUSH_PROMISE:
             raise H2ConnectionError("a client may not push")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 allows.
+        elif kind == FrameType.PRIORITY:
+            self._priority(stream_id, payload)
+        else:  # unknown frame types are ignored, as RFC 9113 §4.1 asks, and counted
+            self._spend(self._empty, self._limits.empty_frames, "empty frames")
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
             raise H2ConnectionError("DATA on stream 0")
-        self._unacked += len(payload)
-        if self._unacked >= RECEIVE_WINDOW // 2:
-            self._write(wire.window_update(0, self._unacked))
-            self._unacked = 0
+        size = len(payload)
+        # Every byte read is consumed, dropped or held within max_buffered_bytes: the connection's
+        # window goes back at once (so what the peer has of it is RECEIVE_WINDOW - _unacked); the
+        # stream's only as its messages are consumed.
+        unacked = self._unacked + size
+        if unacked >= _HALF_RECEIVE_WINDOW:
+            if unacked > RECEIVE_WINDOW:
+                raise H2ConnectionError("DATA past the connection's window", ErrorCode.FLOW_CONTROL_ERROR)
+            self._write(wire.window_update(0, unacked))
+            unacked = 0
+        self._unacked = unacked
         stream = self._streams.get(stream_id)
-        if stream is None or stream.remote_closed:
-            return  # a stream this side already ended: the peer may not know yet
-        consumed = len(payload)
+        if stream is None:
+            self._data_on_closed(stream_id)
+            return
+        if stream.remote_closed:  # RFC 9113 §5.1 half-closed (remote)
+            self._stream_error(stream_id, ErrorCode.STREAM_CLOSED, "DATA after END_STREAM")
+            return
+        if size > stream.recv_window:
+            self._stream_error(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA past the stream's window")
+            return
+        stream.recv_window -= size
+        if not size and not flags & END_STREAM:
+            self._spend(self._empty, self._limits.empty_frames, "empty frames")
         payload = wire.unpad(payload, flags)
         if payload:
             self._messages(stream, payload)
@@ -289,12 +450,34 @@ class H2Protocol:
             if not stream.remote_closed:
                 self._remote_closed(stream)
         elif not stream.finished:
-            stream.unacked += consumed
-            if stream.unacked >= RECEIVE_WINDOW // 2:
-                self._write(wire.window_update(stream.id, stream.unacked))
-                stream.unacked = 0
+            if stream.inbox:
+                self._open_window(stream)
+            else:
+                grant = self._initial_window - stream.recv_window
+                if grant >= self._half_window:
+                    self._write(wire.window_update(stream.id, grant))
+                    stream.recv_window += grant
+
+    def _data_on_closed(self, stream_id: int) -> None:
+        if self._is_idle(stream_id):
+            raise H2ConnectionError(f"DATA on idle stream {stream_id}")
+        if stream_id not in self._reset_sent:  # else sent before the peer saw this side's reset
+            self._stream_error(stream_id, ErrorCode.STREAM_CLOSED, "DATA on a closed stream")
+
+    def _open_window(self, stream: _Stream) -> None:
+        """The stream holds part of a message: let the peer send the rest of it (however large), and
+        otherwise return what was consumed."""
+        held = len(stream.inbox)
+        need = stream.reserved - held if stream.reserved else 0
+        target = max(self._initial_window - held, need)
+        grant = target - stream.recv_window
+        if grant > 0 and (grant >= self._half_window or stream.recv_window < need):
+            self._write(wire.window_update(stream.id, grant))
+            stream.recv_window += grant
 
     def _messages(self, stream: _Stream, payload: bytes) -> None:
+        if stream.finished:
+            return  # answered already (its trailers wait for window): the rest is not read
         inbox = stream.inbox
         if inbox:
             inbox += payload
@@ -302,7 +485,8 @@ class H2Protocol:
         else:
             data = payload
         at, end = 0, len(data)
-        while end - at >= 5 and not stream.finished:
+        pending = 0  # the size of a message begun and not ended
+        while end - at >= 5:
             compressed, length = wire.grpc_prefix(data, at)
             if length > self._max_message:
                 self._refuse(
@@ -310,6 +494,7 @@ class H2Protocol:
                 )
                 return
             if end - at - 5 < length:
+                pending = 5 + length
                 break
             if compressed:
                 self._refuse(stream, Status.UNIMPLEMENTED, "compressed messages are not supported")
@@ -317,9 +502,24 @@ class H2Protocol:
             message = bytes(data[at + 5 : at + 5 + length])
             at += 5 + length
             self._dispatch(stream, message)
-        if stream.finished:
-            inbox.clear()
-        elif data is inbox:
+            if stream.finished:
+                inbox.clear()
+                self._release(stream)
+                return
+        if pending != stream.reserved:
+            held = self._held + pending - stream.reserved
+            # One message alone always fits (the message cap bounds it); past that, the budget holds.
+            if pending and held > self._limits.max_buffered_bytes and held > pending:
+                self._refuse(
+                    stream,
+                    Status.RESOURCE_EXHAUSTED,
+                    f"the connection holds {self._held} bytes of unfinished messages"
+                    f" (limit {self._limits.max_buffered_bytes})",
+                )
+                return
+            self._held = held
+            stream.reserved = pending
+        if data is inbox:
             del inbox[:at]
         elif at < end:
             inbox += data[at:]
@@ -336,46 +536,103 @@ class H2Protocol:
         if not stream_id:
             raise H2ConnectionError("HEADERS on stream 0")
         payload = wire.unpad(payload, flags)
+        self_dependent = False
         if flags & PRIORITY:
+            if len(payload) < 5:
+                raise H2ConnectionError("HEADERS too short for its priority", ErrorCode.FRAME_SIZE_ERROR)
+            self_dependent = wire.u32(payload) & wire.MAX_WINDOW == stream_id
             payload = payload[5:]
+        if len(payload) > self._max_block:
+            raise self._block_too_large(len(payload))
         if flags & END_HEADERS:
-            self._header_block_done(stream_id, flags, payload)
+            self._header_block_done(stream_id, flags, payload, self_dependent)
         else:
-            self._header_block = (stream_id, flags, bytearray(payload))
+            if not payload:
+                self._spend(self._empty, self._limits.empty_frames, "empty frames")
+            self._header_block = (stream_id, flags, bytearray(payload), self_dependent)
+            self._continuations = 0
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         pending = self._header_block
         if pending is None or pending[0] != stream_id:
             raise H2ConnectionError("CONTINUATION without its HEADERS")
-        pending[2].extend(payload)
-        if len(pending[2]) > MAX_FRAME:
-            raise H2ConnectionError("header block too large", ErrorCode.FRAME_SIZE_ERROR)
+        self._continuations += 1
+        if self._continuations > self._max_continuations:
+            raise H2ConnectionError(
+                f"more than {self._max_continuations} CONTINUATION frames in one header block",
+                ErrorCode.ENHANCE_YOUR_CALM,
+            )
+        if not payload and not flags & END_HEADERS:
+            self._spend(self._empty, self._limits.empty_frames, "empty frames")
+        block = pending[2]
+        if len(block) + len(payload) > self._max_block:
+            raise self._block_too_large(len(block) + len(payload))
+        block += payload
         if flags & END_HEADERS:
             self._header_block = None
-            self._header_block_done(stream_id, pending[1], bytes(pending[2]))
+            self._header_block_done(stream_id, pending[1], bytes(block), pending[3])
 
-    def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
-        fields = self._decoder.decode(block)  # always: the table must follow every block
+    def _block_too_large(self, size: int) -> H2ConnectionError:
+        # Not decoded, the block leaves this side's HPACK table behind the peer's: the connection
+        # cannot go on (RFC 9113 §4.3).
+        return H2ConnectionError(
+            f"a header block of {size}+ bytes, past {self._limits.max_header_block}",
+            ErrorCode.COMPRESSION_ERROR,
+        )
+
+    def _header_block_done(self, stream_id: int, flags: int, block: bytes, self_dependent: bool) -> None:
+        decoder = self._decoder
+        fields = decoder.decode(block)  # always: the table must follow every block
         stream = self._streams.get(stream_id)
         if stream is not None:  # the client's trailers
-            if flags & END_STREAM:
+            if stream.remote_closed:
+                self._stream_error(stream_id, ErrorCode.STREAM_CLOSED, "HEADERS after END_STREAM")
+            elif not flags & END_STREAM or decoder.malformed or any(name[:1] == b":" for name, _ in fields):
+                self._stream_error(stream_id, ErrorCode.PROTOCOL_ERROR, "malformed trailers")
+            else:
                 self._remote_closed(stream)
             return
         if stream_id <= self._last_stream_id:
-            return  # trailers of a stream this side already ended
+            if stream_id in self._reset_sent:
+                return  # trailers the client sent before it saw this side's reset
+            raise H2ConnectionError(f"HEADERS on stream {stream_id}, not above {self._last_stream_id}")
         if stream_id % 2 == 0:
             raise H2ConnectionError("a client stream id must be odd")
         self._last_stream_id = stream_id
+        self.streams_started += 1
         if self._going_away:
-            self._write(wire.rst_stream(stream_id, ErrorCode.REFUSED_STREAM))
+            self._refuse_stream(stream_id)
             return
-        stream = _Stream(self, stream_id, self._peer_window)
-        self._streams[stream_id] = stream
-        path = next((value for name, value in fields if name == b":path"), b"")
+        if len(self._streams) >= self._max_streams:
+            self._refuse_stream(stream_id)
+            self._spend(self._resets, self._limits.resets, "stream resets")
+            return
+        self._turn_left -= 1
+        if decoder.oversized:
+            stream = self._open(stream_id)
+            stream.remote_closed = bool(flags & END_STREAM)
+            stream.finish(
+                Status.RESOURCE_EXHAUSTED,
+                f"header list larger than {self._limits.max_header_list_size} bytes",
+            )
+            return
+        if fields is self._checked[0]:  # the decoder's cached block: checked already
+            path, problem = self._checked[1], None
+        else:
+            path, problem = _request_problem(fields)
+            problem = problem or decoder.malformed
+            if problem is None:
+                self._checked = (fields, path)
+        if self_dependent:
+            problem = "depends on itself"
+        if problem is not None:
+            self._stream_error(stream_id, ErrorCode.PROTOCOL_ERROR, f"malformed request: {problem}")
+            return
         method = self._methods.get(path)
+        stream = self._open(stream_id)
         if method is None:
             stream.remote_closed = bool(flags & END_STREAM)
-            stream.finish(Status.UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
+            stream.finish(Status.UNIMPLEMENTED, f"unknown method {path[:_MESSAGE_PATH].decode('latin-1')}")
             return
         try:
             stream.call = method(stream)
@@ -385,6 +642,16 @@ class H2Protocol:
             return
         if flags & END_STREAM:
             self._remote_closed(stream)
+
+    def _open(self, stream_id: int) -> _Stream:
+        stream = _Stream(self, stream_id)
+        self._streams[stream_id] = stream
+        return stream
+
+    def _refuse_stream(self, stream_id: int) -> None:
+        """RST_STREAM REFUSED_STREAM: nothing of the stream was processed, the client may retry it."""
+        self._write(wire.rst_stream(stream_id, ErrorCode.REFUSED_STREAM))
+        self._remember_reset(stream_id)
 
     def _remote_closed(self, stream: _Stream) -> None:
         stream.remote_closed = True
@@ -401,46 +668,160 @@ class H2Protocol:
             log.exception("gRPC method failed on stream %d", stream.id)
             self._refuse(stream, Status.INTERNAL, "internal error")
 
+    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise H2ConnectionError("RST_STREAM of the wrong length", ErrorCode.FRAME_SIZE_ERROR)
+        if not stream_id:
+            raise H2ConnectionError("RST_STREAM on stream 0")
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            answered = stream.headers_sent
+            self._end(stream, cancelled=True)
+            # Rapid reset opens streams and resets them before they are answered: work thrown away. A
+            # stream this side has answered on is the client done with it (Envoy resets its ext_proc
+            # streams when the exchange ends, hundreds a second at load): not counted.
+            if not answered:
+                self._spend(self._resets, self._limits.resets, "stream resets")
+        elif stream_id in self._trailers_at:
+            # Envoy ends each ext_proc stream with END_STREAM and RST_STREAM in one write: the
+            # trailers answering the first are not wanted; not sending them spares a write and a
+            # wake-up on both sides.
+            self._out[self._trailers_at.pop(stream_id)] = b""
+        elif self._is_idle(stream_id):
+            raise H2ConnectionError(f"RST_STREAM on idle stream {stream_id}")
+
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise H2ConnectionError("malformed WINDOW_UPDATE", ErrorCode.FRAME_SIZE_ERROR)
+            raise H2ConnectionError("WINDOW_UPDATE of the wrong length", ErrorCode.FRAME_SIZE_ERROR)
         increment = wire.u32(payload) & wire.MAX_WINDOW
         if not stream_id:
+            if not increment:
+                raise H2ConnectionError("WINDOW_UPDATE of 0 on the connection")
             self._send_window += increment
             if self._send_window > wire.MAX_WINDOW:
                 raise H2ConnectionError("connection window overflow", ErrorCode.FLOW_CONTROL_ERROR)
-            for stream in list(self._streams.values()):
-                self._drain(stream)
+            blocked = self._conn_blocked
+            while blocked and self._send_window > 0:
+                self._drain(blocked.pop(next(iter(blocked))))
             return
-        target = self._streams.get(stream_id)
-        if target is not None:
-            target.send_window += increment
-            self._drain(target)
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            if self._is_idle(stream_id):
+                raise H2ConnectionError(f"WINDOW_UPDATE on idle stream {stream_id}")
+            return  # a closed stream: the peer had not seen it close
+        if not increment:
+            self._stream_error(stream_id, ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            return
+        stream.send_delta += increment
+        if self._peer_window + stream.send_delta > wire.MAX_WINDOW:
+            self._stream_error(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "stream window overflow")
+            return
+        if stream.send_delta > self._max_send_delta:
+            self._max_send_delta = stream.send_delta
+        if self._stream_blocked.pop(stream_id, None) is not None:
+            self._drain(stream)
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
             raise H2ConnectionError("SETTINGS on a stream")
         if flags & ACK:
+            if payload:
+                raise H2ConnectionError("SETTINGS acknowledgement with a payload", ErrorCode.FRAME_SIZE_ERROR)
+            if self._acks_due:
+                self._acks_due -= 1
+            else:
+                self._spend(self._empty, self._limits.empty_frames, "empty frames")
             return
+        self._spend(self._settings_budget, self._limits.settings, "SETTINGS frames")
+        if len(payload) > 6 * MAX_SETTINGS:
+            raise H2ConnectionError(
+                f"more than {MAX_SETTINGS} settings in one frame", ErrorCode.ENHANCE_YOUR_CALM
+            )
+        grew = False
         for key, value in wire.parse_settings(payload):
             if key == Setting.INITIAL_WINDOW_SIZE:
                 if value > wire.MAX_WINDOW:
                     raise H2ConnectionError("initial window too large", ErrorCode.FLOW_CONTROL_ERROR)
-                delta, self._peer_window = value - self._peer_window, value
-                for stream in self._streams.values():
-                    stream.send_window += delta
+                if value + self._max_send_delta > wire.MAX_WINDOW:
+                    # Rare: find the exact largest stream window before calling it an overflow.
+                    self._max_send_delta = max((s.send_delta for s in self._streams.values()), default=0)
+                    if value + self._max_send_delta > wire.MAX_WINDOW:
+                        raise H2ConnectionError("a stream window overflows", ErrorCode.FLOW_CONTROL_ERROR)
+                grew = grew or value > self._peer_window
+                self._peer_window = value
             elif key == Setting.MAX_FRAME_SIZE:
                 if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise H2ConnectionError("bad MAX_FRAME_SIZE")
                 self._peer_max_frame = value
+            elif key == Setting.ENABLE_PUSH and value > 1:
+                raise H2ConnectionError("bad ENABLE_PUSH")
         self._write(wire.frame(FrameType.SETTINGS, ACK, 0))
-        for stream in list(self._streams.values()):
-            self._drain(stream)
+        if grew and self._stream_blocked:
+            blocked, self._stream_blocked = self._stream_blocked, {}
+            for stream in blocked.values():
+                self._drain(stream)
+
+    def _priority(self, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise H2ConnectionError("PRIORITY on stream 0")
+        self._spend(self._empty, self._limits.empty_frames, "empty frames")
+        if stream_id not in self._streams:
+            return  # idle or closed: nothing to reset (RFC 9113 §6.3 allows PRIORITY on any)
+        if len(payload) != 5:
+            self._stream_error(stream_id, ErrorCode.FRAME_SIZE_ERROR, "PRIORITY of the wrong length")
+        elif wire.u32(payload) & wire.MAX_WINDOW == stream_id:
+            self._stream_error(stream_id, ErrorCode.PROTOCOL_ERROR, "a stream depends on itself")
+
+    def _is_idle(self, stream_id: int) -> bool:
+        """Never opened: above the last client stream, or one this server would have had to open."""
+        return stream_id > self._last_stream_id or not stream_id & 1
+
+    def _spend(self, bucket: TokenBucket, rate: Rate, what: str) -> None:
+        if not bucket.take(self._clock()):
+            raise H2ConnectionError(
+                f"more {what} than {rate.burst} at once or {rate.per_second:g} a second",
+                ErrorCode.ENHANCE_YOUR_CALM,
+            )
+
+    def _stream_error(self, stream_id: int, code: ErrorCode, reason: str) -> None:
+        """RFC 9113 §5.4.2: RST_STREAM with ``code``; the call, if any, is cancelled. Counted with the
+        client's resets: a client that makes this side reset streams works it as rapid reset does."""
+        log.debug("HTTP/2 stream error on stream %d (%s): %s", stream_id, code.name, reason)
+        self._write(wire.rst_stream(stream_id, code))
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            self._end(stream, cancelled=True)
+        self._remember_reset(stream_id)
+        self._spend(self._resets, self._limits.resets, "stream resets")
+
+    def _remember_reset(self, stream_id: int) -> None:
+        reset = self._reset_sent
+        if len(reset) >= self._reset_memory:
+            del reset[next(iter(reset))]
+        reset[stream_id] = None
+
+    def _fail(self, exc: H2ConnectionError) -> None:
+        """A connection error (RFC 9113 §5.4.1): GOAWAY with its code, then close."""
+        if self.closing:
+            return
+        log.warning("HTTP/2 connection error (%s): %s", exc.code.name, exc)
+        self._write(wire.goaway(self._last_stream_id, exc.code, str(exc).encode()[:256]))
+        self.close()
 
     # -- writing ----------------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:
         if not self.closing:  # past the close, as a closing transport would, nothing more goes out
             self._out.append(data)
+
+    def _queued_more(self, size: int) -> None:
+        self._queued += size
+        if self._queued > self._limits.max_queued_bytes:
+            self._fail(
+                H2ConnectionError(
+                    f"{self._queued} response bytes wait for window from a peer that does not grant it",
+                    ErrorCode.ENHANCE_YOUR_CALM,
+                )
+            )
 
     def _output_waiting(self) -> None:
         if self._out and self._on_output is not None:
@@ -450,9 +831,15 @@ class H2Protocol:
         """Send what the windows allow of the stream's responses, then its trailers."""
         outbox = stream.outbox
         while outbox:
-            window = min(stream.send_window, self._send_window)
+            window = self._peer_window + stream.send_delta
             if window <= 0:
+                self._stream_blocked[stream.id] = stream
                 return
+            if window > self._send_window:
+                window = self._send_window
+                if window <= 0:
+                    self._conn_blocked[stream.id] = stream
+                    return
             chunk = outbox[0]
             size = min(len(chunk), window, self._peer_max_frame)
             if size < len(chunk):
@@ -460,8 +847,11 @@ class H2Protocol:
                 chunk = chunk[:size]
             else:
                 outbox.popleft()
-            stream.send_window -= size
+            stream.send_delta -= size
             self._send_window -= size
+            if stream.queued:
+                stream.queued -= size
+                self._queued -= size
             self._write(wire.frame(FrameType.DATA, 0, stream.id, chunk))
         if stream.trailers is not None:
             if not self.closing:
@@ -471,30 +861,46 @@ class H2Protocol:
             if not stream.remote_closed:
                 # The call is over: tell the client to stop sending (as gRPC servers do).
                 self._write(wire.rst_stream(stream.id, ErrorCode.NO_ERROR))
+                self._remember_reset(stream.id)
                 stream.remote_closed = True
             self._close_if_done(stream)
 
     def _refuse(self, stream: _Stream, status: Status, message: str) -> None:
         """End a call this side cannot go on with; the method hears it as cancelled."""
         stream.inbox.clear()
+        self._release(stream)
         call, stream.call = stream.call, None
         stream.finish(status, message)
         if call is not None:
-            call.cancelled()
+            _cancel(call, stream.id)
+
+    def _release(self, stream: _Stream) -> None:
+        if stream.reserved:
+            self._held -= stream.reserved
+            stream.reserved = 0
 
     def _close_if_done(self, stream: _Stream) -> None:
-        if stream.finished and stream.remote_closed and stream.trailers is None and not stream.outbox:
-            del self._streams[stream.id]
+        done = stream.finished and stream.remote_closed and stream.trailers is None and not stream.outbox
+        if done and self._streams.pop(stream.id, None) is not None:
+            if stream.reserved:
+                self._release(stream)
             self._close_if_idle()
 
     def _end(self, stream: _Stream, *, cancelled: bool) -> None:
-        self._streams.pop(stream.id, None)
+        if self._streams.pop(stream.id, None) is None:
+            return
         stream.finished = stream.remote_closed = True
+        self._conn_blocked.pop(stream.id, None)
+        self._stream_blocked.pop(stream.id, None)
+        self._queued -= stream.queued
+        stream.queued = 0
         stream.outbox.clear()
         stream.trailers = None
+        stream.inbox.clear()
+        self._release(stream)
         call, stream.call = stream.call, None
         if cancelled and call is not None:
-            call.cancelled()
+            _cancel(call, stream.id)
         self._close_if_idle()
 
     def _close_if_idle(self) -> None:
@@ -504,3 +910,46 @@ class H2Protocol:
             self._on_idle()
         if self._going_away:
             self.closing = True
+            self._turn_left = 0
+
+
+def _cancel(call: Call, stream_id: int) -> None:
+    try:
+        call.cancelled()
+    except Exception:
+        log.exception("gRPC method failed on stream %d", stream_id)
+
+
+def _request_problem(fields: list[tuple[bytes, bytes]]) -> tuple[bytes, str | None]:
+    """The request's :path, and why its header fields make it malformed (RFC 9113 §8.2-8.3), or None."""
+    path: bytes | None = None
+    method = scheme = authority = regular = False
+    for name, value in fields:
+        if name[:1] == b":":
+            if regular:
+                return b"", "a pseudo-header after a regular field"
+            if name == b":path":
+                if path is not None or not value:
+                    return b"", "a second or empty :path"
+                path = value
+            elif name == b":method":
+                if method:
+                    return b"", "a second :method"
+                method = True
+            elif name == b":scheme":
+                if scheme:
+                    return b"", "a second :scheme"
+                scheme = True
+            elif name == b":authority" and not authority:
+                authority = True
+            else:
+                return b"", f"pseudo-header {name[:32]!r}"
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC:
+                return b"", f"connection-specific field {name!r}"
+            if name == b"te" and value != b"trailers":
+                return b"", "te other than trailers"
+    if path is None or not method or not scheme:
+        return b"", "no :method, :scheme or :path"
+    return path, None
