@@ -66,6 +66,7 @@ class Harness:
         self.sink = sink
         self.scrapers: dict[str, FakeScraper] = {}
         self.kind: type[FakeScraper] = FakeScraper  # what the scraper factory makes
+        self.broken: set[str] = set()  # addresses the scraper factory raises for
         self.registry = CollectorRegistry()
         self.clock = Clock()
         settings: dict[str, object] = {
@@ -82,6 +83,8 @@ class Harness:
         )  # type: ignore[arg-type]
 
     def scraper(self, address: str) -> FakeScraper:
+        if address in self.broken:
+            raise ValueError(f"no scraper for {address}")
         return self.scrapers.setdefault(address, self.kind())
 
     def errors(self, reason: str, kind: str = "scrape") -> float:
@@ -237,6 +240,25 @@ async def test_pods_that_leave_are_dropped_and_their_connections_closed(harness)
     await asyncio.sleep(0)
     assert h.scrapers["a"].closed
     assert not h.scrapers["b"].closed
+
+
+async def test_a_pod_whose_scraper_cannot_be_made_is_left_out_alone_until_the_targets_change(
+    harness, caplog
+) -> None:
+    h = harness(first_round_timeout=5.0)
+    h.broken = {"b"}
+    h.collector.start(["a", "b", "c"])
+    async with asyncio.timeout(1.0):  # not held up by b: it is not in the pool, so not waited for
+        first = await h.published(lambda pods: True)
+    assert {p.address: p.healthy for p in first.pods} == {"a": True, "c": True}
+    assert h.errors("internal") == 1
+    [logged] = [r for r in caplog.records if "cannot make its scraper" in r.getMessage()]
+    assert logged.exc_info is not None
+    h.broken.clear()
+    h.collector.set_targets(["a", "b", "c"])  # the same targets: only b is new
+    await h.published(lambda pods: set(pods) == {"a", "b", "c"} and pods["b"].healthy)
+    assert h.errors("internal") == 1
+    assert all(h.scrapers[a].calls >= 1 for a in "abc")
 
 
 async def test_stop_closes_every_scraper_and_reports_not_ready(harness) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -115,3 +117,21 @@ def test_share_gauges_read_the_replica_s_current_share(members: list[str], owned
     assert 0 < owned <= len(PODS)
     assert value(registry, "pointsman_collector_owned_pods", pool="p") == owned
     assert value(registry, "pointsman_collector_live_replicas", pool="p") == replicas
+
+
+async def test_the_event_loops_tasks_are_counted_at_scrape_time(setup) -> None:
+    registry, _, _ = setup
+    before = value(registry, "pointsman_collector_event_loop_tasks")
+    assert before is not None
+    assert before >= 1  # this test's own task
+    sleepers = [asyncio.create_task(asyncio.sleep(10)) for _ in range(4)]
+    assert value(registry, "pointsman_collector_event_loop_tasks") == before + 4
+    for task in sleepers:
+        task.cancel()
+    await asyncio.gather(*sleepers, return_exceptions=True)
+    assert value(registry, "pointsman_collector_event_loop_tasks") == before
+
+
+def test_outside_an_event_loop_no_tasks_are_counted(setup) -> None:
+    registry, _, _ = setup
+    assert value(registry, "pointsman_collector_event_loop_tasks") == 0

@@ -1,4 +1,5 @@
-"""Collector replicas sharing one pool: ownership, the merged snapshot, and 3 replicas with one killed."""
+"""Collector replicas sharing one pool: ownership, leases, the merged snapshot (a dead replica's pods kept
+until their new owner has read them), and 3 replicas with one killed."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from pointsman_collector.sharing import ShardSink, Share, owner
+from pointsman_collector.sharing import EXPIRY_MARGIN, Membership, ShardSink, Share, owner
 from pointsman_devstack.ports import free_port
 from pointsman_shared.codec import decode_pool
 from pointsman_shared.keys import RedisKeys
@@ -52,7 +54,9 @@ def pool_of(*pods: PodSnapshot) -> PoolSnapshot:
     return PoolSnapshot(pool='p"1', version=0, published_at=1764000000.5, pods=pods)
 
 
-async def test_shards_merge_into_one_snapshot_and_a_dead_replicas_shard_is_dropped(redis_url: str) -> None:
+async def test_shards_merge_into_one_snapshot_and_a_dead_replicas_stale_shard_is_dropped(
+    redis_url: str,
+) -> None:
     keys = RedisKeys('p"1')
     client = Redis.from_url(redis_url)
     try:
@@ -74,6 +78,117 @@ async def test_shards_merge_into_one_snapshot_and_a_dead_replicas_shard_is_dropp
         snapshot = decode_pool(await client.hget(keys.snapshot, "data"), version)
         assert [(p.address, p.waiting) for p in snapshot.pods] == [("10.0.0.2:1", 3)]
         assert await client.hkeys(keys.shards) == [b"b"]
+    finally:
+        await client.aclose()
+
+
+NOW = 1764000000.0
+STALENESS = 2.0
+
+
+def at(published: float, *pods: PodSnapshot) -> PoolSnapshot:
+    return PoolSnapshot(pool="p", version=0, published_at=published, pods=pods)
+
+
+def good(address: str, waiting: int, updated: float) -> PodSnapshot:
+    return PodSnapshot(address, waiting=waiting, updated_at=updated)
+
+
+def pending(address: str) -> PodSnapshot:
+    return PodSnapshot(address, healthy=False, reason="pending")
+
+
+async def test_a_dead_replicas_pods_stay_published_until_their_new_owner_has_read_them(
+    redis_url: str,
+) -> None:
+    keys = RedisKeys("p")
+    client = Redis.from_url(redis_url)
+
+    async def merged(sink: ShardSink, pool: PoolSnapshot) -> dict[str, tuple[bool, str, int]]:
+        version = await sink.publish(pool)
+        snapshot = decode_pool(await client.hget(keys.snapshot, "data"), version)
+        return {p.address: (p.healthy, p.reason, p.waiting) for p in snapshot.pods}
+
+    try:
+        await client.zadd(keys.members, {"a": 10**15, "b": 10**15})
+        a = ShardSink(client, keys, me="a", ttl=5.0, staleness=STALENESS)
+        b = ShardSink(client, keys, me="b", ttl=5.0, staleness=STALENESS)
+        await a.publish(at(NOW, good("p1", 1, NOW), good("p2", 2, NOW), pending("p5")))
+        await b.publish(at(NOW, good("p3", 3, NOW)))
+        await client.zrem(keys.members, "a")  # a died: its lease ran out
+
+        # b has not seen it yet (no p1, p2 in its share): a's last readings stay.
+        assert await merged(b, at(NOW + 0.1, good("p3", 3, NOW + 0.1))) == {
+            "p1": (True, "", 1), "p2": (True, "", 2), "p3": (True, "", 3),
+        }  # fmt: skip
+        # b took them over and has not scraped them yet: its "pending" does not hide a's data. A pod new
+        # to the pool (p4, in no other shard) is pending; a's own pending p5 is not kept.
+        took_over = at(NOW + 0.2, pending("p1"), pending("p2"), good("p3", 3, NOW), pending("p4"))
+        assert await merged(b, took_over) == {
+            "p1": (True, "", 1), "p2": (True, "", 2), "p3": (True, "", 3), "p4": (False, "pending", 0),
+        }  # fmt: skip
+        # b's first scrapes replace them, a failed one too (no data, but newer word than a's).
+        failed = PodSnapshot("p2", healthy=False, reason="connect")
+        assert await merged(b, at(NOW + 0.3, good("p1", 7, NOW + 0.3), failed, good("p3", 3, NOW))) == {
+            "p1": (True, "", 7), "p2": (False, "connect", 0), "p3": (True, "", 3),
+        }  # fmt: skip
+        assert set(await client.hkeys(keys.shards)) == {b"a", b"b"}  # a's data is within staleness still
+
+        # Past collector.staleness a dead replica's data is never published as fresh; its shard goes.
+        later = NOW + STALENESS + 0.01
+        assert await merged(b, at(later, pending("p1"), good("p3", 3, later))) == {
+            "p1": (False, "pending", 0), "p3": (True, "", 3),
+        }  # fmt: skip
+        assert await client.hkeys(keys.shards) == [b"b"]
+    finally:
+        await client.aclose()
+
+
+async def test_a_live_replicas_reading_beats_a_dead_ones_even_when_older(redis_url: str) -> None:
+    keys = RedisKeys("p")
+    client = Redis.from_url(redis_url)
+    try:
+        await client.zadd(keys.members, {"a": 10**15, "b": 10**15})
+        a = ShardSink(client, keys, me="a", ttl=5.0)
+        b = ShardSink(client, keys, me="b", ttl=5.0)
+        await a.publish(at(NOW, good("p1", 1, NOW)))
+        await client.zrem(keys.members, "a")
+        stale = PodSnapshot("p1", waiting=2, updated_at=NOW - 0.5, healthy=False, reason="timeout")
+        version = await b.publish(at(NOW + 0.1, stale))
+        [pod] = decode_pool(await client.hget(keys.snapshot, "data"), version).pods
+        assert (pod.healthy, pod.reason, pod.waiting) == (False, "timeout", 2)
+    finally:
+        await client.aclose()
+
+
+async def test_a_survivor_sees_a_dead_peer_just_after_its_lease_runs_out(redis_url: str) -> None:
+    lease = 0.9  # renewals every 0.3 s: without the early look, seen up to 0.3 s after the lease ends
+    keys = RedisKeys("p")
+    client = Redis.from_url(redis_url)
+    renewed = 0.0  # the dead peer's last renewal, on the monotonic clock
+    alone = asyncio.Event()
+
+    def on_members(members: list[str]) -> None:
+        if renewed and members == ["survivor"]:
+            alone.set()
+
+    dead = Membership(client, keys, me="dead", lease=lease, on_members=lambda _: None)
+    survivor = Membership(client, keys, me="survivor", lease=lease, on_members=on_members)
+    try:
+        assert await survivor.renew_lease() == (["survivor"], None)
+        running = asyncio.create_task(survivor.run())
+        await asyncio.sleep(0.05)
+        members, peer_ends = await dead.renew_lease()  # its last renewal
+        renewed = time.monotonic()
+        assert sorted(members) == ["dead", "survivor"]
+        assert peer_ends is not None
+        assert 2 * lease / 3 - 0.1 < peer_ends <= lease
+        async with asyncio.timeout(5):
+            await alone.wait()
+        assert lease - 0.01 <= time.monotonic() - renewed <= lease + EXPIRY_MARGIN + 0.1
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        assert await client.zrange(keys.members, 0, -1) == []  # the survivor left on its way out
     finally:
         await client.aclose()
 

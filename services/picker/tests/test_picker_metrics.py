@@ -3,6 +3,7 @@ read from the snapshot at scrape time."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from pointsman_picker.metrics import PickerMetrics, SnapshotCollector
+from pointsman_picker.metrics import PickerMetrics, RuntimeCollector, SnapshotCollector, loop_tasks
 from pointsman_picker.routing import Completion, Routing, Usage
 from pointsman_shared.snapshot import PoolSnapshot
 from pointsman_testkit import NOW, pod, pool_pods, snapshot
@@ -261,3 +262,31 @@ def _page(registry: CollectorRegistry) -> str:
 
 def _samples(registry: CollectorRegistry, family: str) -> list[Sample]:
     return [sample for metric in registry.collect() if metric.name == family for sample in metric.samples]
+
+
+# --- what the picker holds open -----------------------------------------------------------------------
+
+
+async def test_the_runtime_gauges_count_open_streams_and_the_event_loops_tasks(
+    registry: CollectorRegistry, value: Scrape
+) -> None:
+    streams = [3]
+    registry.register(RuntimeCollector(open_streams=lambda: streams[0]))
+    before = value("pointsman_picker_event_loop_tasks")
+    assert before is not None
+    assert before >= 1  # this test's own task
+    sleepers = [asyncio.create_task(asyncio.sleep(10)) for _ in range(5)]
+    try:
+        assert value("pointsman_picker_event_loop_tasks") == before + 5
+        assert value("pointsman_picker_open_streams") == 3
+        streams[0] = 0
+        assert value("pointsman_picker_open_streams") == 0
+    finally:
+        for task in sleepers:
+            task.cancel()
+        await asyncio.gather(*sleepers, return_exceptions=True)
+    assert value("pointsman_picker_event_loop_tasks") == before
+
+
+def test_outside_an_event_loop_there_are_no_tasks_to_count() -> None:
+    assert loop_tasks() == 0

@@ -281,6 +281,9 @@ async def test_metrics_are_served(picker):
     assert 'inference_pool_ready_pods{name="test-pool"} 1.0' in text
     # Routed and then finished (the stream closed): no longer running.
     assert 'inference_objective_running_requests{model_name="my-model"} 0.0' in text
+    assert "pointsman_picker_open_streams 0.0" in text
+    [tasks] = [line for line in text.splitlines() if line.startswith("pointsman_picker_event_loop_tasks ")]
+    assert float(tasks.split()[1]) >= 1  # the metrics server's own handler, at least
 
 
 async def test_shutdown_goes_not_serving_and_cancels_streams_after_the_grace(picker):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
@@ -64,6 +65,7 @@ class CollectorMetrics:
         for reason in PUBLISH_REASONS:
             self.publish_errors.labels(reason)
         registry.register(PoolCollector(pool, snapshot, clock))
+        registry.register(LoopCollector())
 
 
 class PoolCollector(Collector):
@@ -148,6 +150,30 @@ class PoolCollector(Collector):
             )
             avg_queue.add_metric(name, sum(pod.waiting for pod in ready) / len(ready))
             yield from (avg_kv, avg_queue)
+
+
+class LoopCollector(Collector):
+    """The event loop's tasks not done yet, read at scrape time (the scrapes run on callbacks, so this
+    counts the publisher, the sources, the membership and HTTP): a leak shows as growth under steady load
+    (``make soak`` watches it)."""
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return self.collect()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "pointsman_collector_event_loop_tasks",
+            "asyncio tasks of the collector's event loop not done yet.",
+            value=loop_tasks(),
+        )
+
+
+def loop_tasks() -> int:
+    """Tasks not done yet in the running event loop; 0 outside one (a scrape from another thread)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
 
 
 class ShareCollector(Collector):

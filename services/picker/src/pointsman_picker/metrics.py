@@ -337,6 +337,38 @@ class SnapshotCollector(Collector):
             )
 
 
+class RuntimeCollector(Collector):
+    """What the picker holds open, read at scrape time: ext_proc streams and its event loop's tasks. A
+    leak of either shows as growth under steady load (``make soak`` watches both)."""
+
+    def __init__(self, *, open_streams: Callable[[], int], tasks: Callable[[], int] | None = None) -> None:
+        self._open_streams = open_streams
+        self._tasks = tasks or loop_tasks
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "pointsman_picker_open_streams",
+            "ext_proc streams open now (each request Envoy has the picker process, until its stream ends).",
+            value=self._open_streams(),
+        )
+        yield GaugeMetricFamily(
+            "pointsman_picker_event_loop_tasks",
+            "asyncio tasks of the picker's event loop not done yet.",
+            value=self._tasks(),
+        )
+
+
+def loop_tasks() -> int:
+    """Tasks not done yet in the running event loop; 0 outside one (a scrape from another thread)."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
+
+
 def _gauge(name: str, documentation: str, pool: str, value: float) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, documentation, labels=["name"])
     family.add_metric([pool], value)
