@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -454,11 +455,13 @@ async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dic
     }
 
 
-async def python_closed_loop(port: int, body: bytes, connections: int, seconds: float) -> dict[str, Any]:
-    """The fallback when wrk is missing: ``connections`` clients back to back (the client's own CPU
-    then caps what it can measure)."""
+async def python_closed_loop(
+    port: int, bodies: Sequence[bytes], connections: int, seconds: float
+) -> dict[str, Any]:
+    """The fallback when wrk is missing: ``connections`` clients back to back, sending ``bodies`` in
+    turn (the client's own CPU then caps what it can measure)."""
     loop = asyncio.get_running_loop()
-    request = http_request(port, body)
+    requests = itertools.cycle([http_request(port, body) for body in bodies])
     done = errors = 0
     deadline = time.perf_counter() + seconds
 
@@ -466,7 +469,7 @@ async def python_closed_loop(port: int, body: bytes, connections: int, seconds: 
         nonlocal done, errors
         _, conn = await loop.create_connection(Connection, HOST, port)
         while time.perf_counter() < deadline and not conn.closed:
-            if await conn.send(request) == 200:
+            if await conn.send(next(requests)) == 200:
                 done += 1
             else:
                 errors += 1
@@ -501,7 +504,7 @@ class Load:
 
     def closed_loop(self, port: int, body: bytes, seconds: float) -> dict[str, Any]:
         if self.wrk is None:
-            return aio.run(python_closed_loop(port, body, self.connections, seconds))
+            return aio.run(python_closed_loop(port, [body], self.connections, seconds))
         if body not in self._scripts:
             path = self._run_dir / f"wrk-{len(self._scripts)}.lua"
             path.write_text(_WRK_SCRIPT % body.decode(), encoding="utf-8")

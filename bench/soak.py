@@ -46,7 +46,15 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
-from picker import Connection, calibration_ms, cpu_seconds, http_request, machine_busy_seconds, percentile
+from picker import (
+    Connection,
+    calibration_ms,
+    cpu_seconds,
+    http_request,
+    machine_busy_seconds,
+    percentile,
+    python_closed_loop,
+)
 
 from pointsman_devstack import envoy
 from pointsman_devstack.stack import LOOPBACK, SimOptions, Stack, StackOptions, StackPorts
@@ -228,36 +236,6 @@ def wrk_closed_loop(port: int, seconds: float, connections: int, run_dir: Path) 
         "per_s": round(requests / (micros / 1e6)),
         "p50_ms": round(p50 / 1000, 3),
         "p99_ms": round(p99 / 1000, 3),
-    }
-
-
-async def python_closed_loop(port: int, seconds: float, connections: int) -> dict[str, Any]:
-    """The fallback when wrk is missing: ``connections`` clients back to back (this process's CPU then
-    counts against the stack's)."""
-    loop = asyncio.get_running_loop()
-    requests = itertools.cycle([http_request(port, body) for body in BODIES])
-    done = errors = 0
-    deadline = time.perf_counter() + seconds
-
-    async def client() -> None:
-        nonlocal done, errors
-        _, conn = await loop.create_connection(Connection, LOOPBACK, port)
-        while time.perf_counter() < deadline and not conn.closed:
-            if await conn.send(next(requests)) == 200:
-                done += 1
-            else:
-                errors += 1
-        if conn.transport is not None:
-            conn.transport.close()
-
-    began = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(connections)))
-    wall = time.perf_counter() - began
-    return {
-        "client": f"python, {connections} connections",
-        "requests": done + errors,
-        "errors": errors,
-        "per_s": round(done / wall),
     }
 
 
@@ -659,7 +637,8 @@ def measure_capacity(
     if shutil.which("wrk") is not None:
         closed = wrk_closed_loop(port, args.closed_seconds, args.connections, run_dir)
     else:
-        closed = aio.run(python_closed_loop(port, args.closed_seconds, args.connections))
+        closed = aio.run(python_closed_loop(port, BODIES, args.connections, args.closed_seconds))
+        closed["client"] = f"python, {args.connections} connections"
     time.sleep(2.0)
     pids = services.pids | {"client": os.getpid()}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}

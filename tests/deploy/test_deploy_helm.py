@@ -9,7 +9,6 @@ meets the restricted Pod Security Standard, and each provider's objects point at
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import functools
@@ -34,7 +33,6 @@ from test_deploy_k8s import (
     KUBERNETES_VERSION,
     THIRD_PARTY,
     V1_RELEASES,
-    RecordingApi,
     _find,
     _gie_problems,
     _one,
@@ -43,12 +41,11 @@ from test_deploy_k8s import (
     _pool_ports,
     _pool_selector,
     _role_permissions,
+    discover_pool,
 )
 
-from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
 from pointsman_picker.health import LIVENESS, READINESS_SERVICES
 from pointsman_picker.server import checked
-from pointsman_shared.backoff import Backoff
 from pointsman_shared.config import PointsmanConfig, load_config, split_host_port
 from pointsman_shared.redis_url import Cluster, Sentinel
 
@@ -513,21 +510,9 @@ async def test_the_collector_s_role_allows_every_call_its_discovery_makes(case: 
     role = _one(objects, "Role", binding["roleRef"]["name"])
     pool = _one(objects, "InferencePool", discovery.inference_pool)
     # The first list, then both watches, each renewed: by then every kind of call has been made.
-    async with RecordingApi(pool, _role_permissions(role), enough=12) as api:
-        targets = KubernetesTargets(
-            KubeAccess(server=api.url, namespace=NAMESPACE),
-            pool=discovery.inference_pool,
-            api_version=discovery.api_version,
-            on_change=lambda _pods: None,
-            backoff=Backoff(initial=0.01, maximum=0.05),
-        )
-        follow = asyncio.create_task(targets.run())
-        try:
-            async with asyncio.timeout(30):
-                await api.seen_enough.wait()
-        finally:
-            follow.cancel()
-            await asyncio.gather(follow, return_exceptions=True)
+    api, targets = await discover_pool(
+        pool, role, namespace=NAMESPACE, api_version=discovery.api_version, enough=12
+    )
     assert api.forbidden == []
     assert targets.synced.is_set()
     group = discovery.api_version.split("/")[0]

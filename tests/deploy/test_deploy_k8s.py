@@ -545,14 +545,24 @@ async def _discover(
     discovery = config.pool.kubernetes
     assert discovery is not None
     pool_name = discovery.inference_pool or config.pool.name
-    namespace = role["metadata"]["namespace"]
-    async with RecordingApi(
-        _one(objects, "InferencePool", pool_name), _role_permissions(role), enough=enough
-    ) as api:
-        access = KubeAccess(server=api.url, namespace=discovery.namespace or namespace)
+    return await discover_pool(
+        _one(objects, "InferencePool", pool_name),
+        role,
+        namespace=discovery.namespace or role["metadata"]["namespace"],
+        api_version=api_version,
+        enough=enough,
+    )
+
+
+async def discover_pool(
+    pool: dict[str, Any], role: dict[str, Any], *, namespace: str, api_version: str, enough: int
+) -> tuple[RecordingApi, KubernetesTargets]:
+    """The real discovery of ``pool`` against an API that answers as ``role`` allows, until it has
+    answered ``enough`` calls (the Helm chart's tests use it too)."""
+    async with RecordingApi(pool, _role_permissions(role), enough=enough) as api:
         targets = KubernetesTargets(
-            access,
-            pool=pool_name,
+            KubeAccess(server=api.url, namespace=namespace),
+            pool=pool["metadata"]["name"],
             api_version=api_version,
             on_change=lambda _pods: None,
             backoff=Backoff(initial=0.01, maximum=0.05),
