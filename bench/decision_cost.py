@@ -36,13 +36,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CollectorRegistry
 
+from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director, Routing
 from pointsman_picker.metrics import PickerMetrics
-from pointsman_picker.scheduling import Scheduler, SchedulingRequest
-from pointsman_picker.scheduling.profiles import build_profile
+from pointsman_picker.scheduling import CycleState, SchedulingRequest
+from pointsman_picker.scheduling.indexed import indexed
+from pointsman_picker.scheduling.profiles import DEFAULT, build_profile, builtin_profiles
 from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
-from pointsman_shared.config import PointsmanConfig, SchedulingConfig, parse_config
+from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 
 T = TypeVar("T")
@@ -111,16 +113,17 @@ def per_call_us(fn: Callable[[], object], *, budget: float = 0.6) -> float:
 def bench_schedule() -> dict[str, float]:
     best = build_profile(parse_config(yaml.safe_load(BEST.read_text(encoding="utf-8"))))
     out: dict[str, float] = {}
-    for prefix, profile in (("", None), ("best_", best)):
+    tree = builtin_profiles(parse_config({}))[DEFAULT]
+    for prefix, profile in (("", tree), ("best_", best)):
         for n in (3, 512):
-            pods = make_pods(n, random.Random(n))
-            scheduler = Scheduler(SchedulingConfig(), random.Random(1), profile=profile)
+            pods = indexed(make_pods(n, random.Random(n)))  # as the director hands them over
+            rng = random.Random(1)
             for name, request in (
                 ("critical", SchedulingRequest("adapter-1", critical=True)),
                 ("sheddable", SchedulingRequest("adapter-1", critical=False)),
             ):
                 out[f"schedule_{prefix}{name}_{n}_pods_us"] = per_call_us(
-                    lambda s=scheduler, r=request, p=pods: s.schedule(r, p)
+                    lambda s=profile, r=request, p=pods, g=rng: s.schedule(r, p, CycleState(), g)
                 )
     return out
 
@@ -145,10 +148,13 @@ def bench_director() -> dict[str, float]:
             clock=clock,
             timer=time.perf_counter,
         )
-        flight: deque[Routing] = deque(director.route(BODY) for _ in range(IN_FLIGHT))
+        context = RequestContext("bench", BODY)
+        flight: deque[Routing] = deque(director.route(context) for _ in range(IN_FLIGHT))
 
-        def route(d: Director = director, flight: deque[Routing] = flight) -> None:
-            flight.append(d.route(BODY))
+        def route(
+            d: Director = director, flight: deque[Routing] = flight, context: RequestContext = context
+        ) -> None:
+            flight.append(d.route(context))
             d.release(flight.popleft())
 
         out[f"director_route_{n}_pods_us"] = per_call_us(route)

@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from pointsman_shared.config import PointsmanConfig, parse_config
+from pointsman_picker.context import RequestContext
+from pointsman_picker.scheduling import CycleState, Drop, Pods, SchedulingRequest
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL
+from pointsman_picker.scheduling.indexed import indexed
+from pointsman_picker.scheduling.pickers import RandomPicker
+from pointsman_picker.scheduling.profiles import DEFAULT, Profile
+from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
+from pointsman_picker.scheduling.tree import build_tree
+from pointsman_shared.config import PointsmanConfig, SchedulingConfig, parse_config
+from pointsman_shared.snapshot import PodSnapshot
 from pointsman_testkit import NOW as NOW
 from pointsman_testkit import pod as pod
 from pointsman_testkit import pool_pods as pool_pods
@@ -34,6 +44,60 @@ def config(**sections: Any) -> PointsmanConfig:
     doc.update(sections)
     doc["picker"] = {"passthroughUnknownModels": False, **doc.get("picker", {})}
     return parse_config(doc)
+
+
+def ctx(
+    body: bytes | None,
+    *,
+    explain: bool = False,
+    objective: str | None = None,
+    headers: dict[str, str] | None = None,
+    request_id: str = "req",
+) -> RequestContext:
+    """A request as the ext_proc stream hands it to the director."""
+    return RequestContext(request_id, body, headers or {}, objective, explain)
+
+
+def state(*, recent_targets: int | None = None, pending: dict[str, float] | None = None) -> CycleState:
+    """A request's cycle state with what the request plugins would have written into it."""
+    out = CycleState()
+    if recent_targets is not None:
+        out[RECENT_TARGETS] = recent_targets
+    if pending is not None:
+        out[PENDING_PREFILL] = pending
+    return out
+
+
+def tree_profile(scheduling: SchedulingConfig | None = None) -> Profile:
+    """The #423 tree, then a uniform pick (the built-in ``default`` profile)."""
+    return Profile(DEFAULT, (build_tree(scheduling or SchedulingConfig()),), (), RandomPicker())
+
+
+def run_profile(
+    profile: Profile, request: SchedulingRequest, pods: Pods, rng: random.Random, trace: Any = None
+) -> PodSnapshot | Drop:
+    """``profile`` on ``pods`` (indexed, as the director passes them), with an empty cycle state."""
+    return profile.schedule(request, indexed(tuple(pods)), CycleState(), rng, trace)
+
+
+class Steps:
+    """A profile trace that keeps each step: ``(kind, name, pods kept, scored or chosen from)``."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, int]] = []
+
+    def __call__(self, name: str, kept: int) -> None:
+        self.steps.append(("filter", name, kept))
+
+    def scored(self, name: str, weight: float, scores: Any) -> None:
+        self.steps.append(("scorer", name, len(scores)))
+
+    def chose(self, name: str, pods: Pods, pod: PodSnapshot) -> None:
+        self.steps.append(("picker", name, len(pods)))
+
+    @property
+    def filters(self) -> list[tuple[str, int]]:
+        return [(name, kept) for kind, name, kept in self.steps if kind == "filter"]
 
 
 def on_free_ports(cfg: PointsmanConfig, host: str = "127.0.0.1") -> PointsmanConfig:

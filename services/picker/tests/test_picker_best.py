@@ -1,6 +1,7 @@
-"""The scheduling behaviour of the `best` profile (config/profiles/best.yaml): which profiles read the
-prefill backlog, the backlog and target count the director keeps for them, and the config errors of
-its filters. The least-work and LoRA spread-affinity filters' own tables are in test_picker_filters.py."""
+"""The scheduling behaviour of the `best` profile (config/profiles/best.yaml): which request plugins a
+profile gets for what its filters consume (the prefill backlog, the target count), what they change in
+the director's decisions, and the config errors of its filters. The least-work and LoRA spread-affinity
+filters' own tables are in test_picker_filters.py."""
 
 from __future__ import annotations
 
@@ -12,17 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
-from picker_builders import NOW, config, pod, snapshot
+from picker_builders import NOW, config, ctx, pod, snapshot
 from prometheus_client import CollectorRegistry
 
-from pointsman_picker.assignments import PrefillBacklog, RecentTargets
 from pointsman_picker.director import Director
 from pointsman_picker.metrics import PickerMetrics
-from pointsman_picker.scheduling import Node
-from pointsman_picker.scheduling.filters import LeastKvCache, LeastWork
-from pointsman_picker.scheduling.plugins import PluginError
-from pointsman_picker.scheduling.profiles import build_profile
-from pointsman_picker.scheduling.tree import reads_pending_prefill
+from pointsman_picker.scheduling.profiles import Profile, build_profile
+from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
+from pointsman_picker.scheduling.registry import PluginError
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.config import parse_config
 from pointsman_shared.snapshot import PodSnapshot
@@ -30,66 +28,46 @@ from pointsman_shared.snapshot import PodSnapshot
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 
 
-# -- which profiles need the backlog ---------------------------------------------------------------
-def test_only_trees_with_a_least_work_filter_read_the_pending_prefill():
-    work = Node("work", LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5))
-    kv = Node("kv", LeastKvCache())
-    assert reads_pending_prefill(Node("root", LeastKvCache(), on_failure=work))
-    assert not reads_pending_prefill(Node("root", LeastKvCache(), on_success=kv))
-    assert not reads_pending_prefill(None)
-
-
+# -- what the profiles' plugins consume, and who produces it ----------------------------------------
 def best_doc() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((PROFILES / "best.yaml").read_text(encoding="utf-8"))
     return doc
 
 
-@pytest.mark.parametrize("name", ["best"])
-def test_the_shipped_profiles_build_and_ask_for_the_backlog(name):
-    doc = yaml.safe_load((PROFILES / f"{name}.yaml").read_text(encoding="utf-8"))
-    profile = build_profile(parse_config(doc))
-    assert profile.name == name
-    assert profile.uses_pending_prefill
-    assert not build_profile(parse_config({})).uses_pending_prefill  # the #423 tree does not
+def lifecycle_types(profile: Profile) -> list[str]:
+    return [plugin.type_name for plugin in profile.lifecycle.plugins]
 
 
-# -- the prefill backlog ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("name", "records", "at", "expected"),
+    ("name", "doc", "expected"),
     [
-        ("nothing recorded", [], 0.0, {}),
-        ("drains at the rate", [("a", 1000, 0.0)], 0.02, {"a": 800.0}),
-        ("adds up", [("a", 1000, 0.0), ("a", 500, 0.01)], 0.01, {"a": 1400.0}),
-        ("never below zero, and then forgotten", [("a", 100, 0.0), ("a", 100, 1.0)], 1.05, {}),
-        ("an unknown prompt adds nothing", [("a", 0, 0.0)], 0.0, {}),
-        ("per pod", [("a", 1000, 0.0), ("b", 300, 0.01)], 0.01, {"a": 900.0, "b": 300.0}),
+        ("the #423 tree", {}, ["recent-assignments"]),
+        ("no assignments counted", {"picker": {"countAssignments": False}}, []),
+        ("best", "best", ["recent-assignments", "prefill-backlog", "recent-targets"]),
+        (
+            "least work alone",
+            {
+                "plugins": [{"name": "w", "type": "least-work-filter"}],
+                "profiles": [{"name": "p", "plugins": [{"pluginRef": "w"}]}],
+                "picker": {"profile": "p", "countAssignments": False},
+            },
+            ["prefill-backlog"],
+        ),
+        (
+            # Was a bug: the spread filter alone never got its target count, so maxAdapterShare never held.
+            "the spread filter alone",
+            {
+                "plugins": [{"name": "s", "type": "lora-spread-affinity-filter"}],
+                "profiles": [{"name": "p", "plugins": [{"pluginRef": "s"}]}],
+                "picker": {"profile": "p", "countAssignments": False},
+            },
+            ["recent-targets"],
+        ),
     ],
 )
-def test_prefill_backlog(name, records, at, expected):
-    backlog = PrefillBacklog(10_000.0)
-    for address, tokens, now in records:
-        backlog.record(address, tokens, now)
-    assert backlog.pending(at) == pytest.approx(expected), name
-
-
-def test_recent_targets_count_the_distinct_targets_within_the_window():
-    targets = RecentTargets(10.0)
-    assert [targets.seen(t, at) for t, at in [("a", 0.0), ("a", 1.0), ("b", 2.0), (None, 3.0)]] == [
-        1,
-        1,
-        2,
-        3,
-    ]
-    # "a" (1.0) and "b" (2.0) are older than the window at 12.5: the others and "c" are left.
-    assert targets.seen("c", 12.5) == 2
-    assert targets.seen("c", 20.0) == 1
-    with pytest.raises(ValueError, match="positive"):
-        RecentTargets(0)
-
-
-def test_prefill_backlog_needs_a_positive_rate():
-    with pytest.raises(ValueError, match="positive"):
-        PrefillBacklog(0)
+def test_a_profile_gets_the_producers_of_what_its_plugins_consume(name, doc, expected):
+    profile = build_profile(parse_config(best_doc() if doc == "best" else doc))
+    assert sorted(lifecycle_types(profile)) == sorted(expected), name
 
 
 # -- the director ------------------------------------------------------------------------------------
@@ -114,16 +92,18 @@ def test_a_long_prompt_keeps_the_next_requests_off_its_pod_until_it_drains():
     pods = (pod(address="a"), pod(address="b"))
     now = [NOW]
     d = best_director(pods, lambda: now[0])
-    first = d.route(body(4 * 2000)).endpoint  # 2000 tokens: ~69 ms of prefill
+    first = d.route(ctx(body(4 * 2000))).endpoint  # 2000 tokens: ~69 ms of prefill
     other = "b" if first == "a" else "a"
     now[0] += 0.001
-    second = d.route(body(40)).endpoint  # one waiting request each now (7 ms), but 69 ms pending on `first`
+    second = d.route(
+        ctx(body(40))
+    ).endpoint  # one waiting request each now (7 ms), but 69 ms pending on `first`
     assert second == other
     now[0] += 0.001
-    assert d.route(body(40)).endpoint == other
+    assert d.route(ctx(body(40))).endpoint == other
     # 20k tokens/s drain the 2000 in 0.1 s; then the waiting counts decide again (two on `other`).
     now[0] += 0.2
-    assert d.route(body(40)).endpoint == first
+    assert d.route(ctx(body(40))).endpoint == first
 
 
 def test_the_default_profile_keeps_no_backlog():
@@ -136,23 +116,59 @@ def test_the_default_profile_keeps_no_backlog():
         clock=lambda: NOW + next(ticks) / 1000,
         timer=time.perf_counter,
     )
-    assert d.route(body(4000)).endpoint == "a"
-    assert d._backlog is None
-    assert d._targets is None
+    assert d.route(ctx(body(4000))).endpoint == "a"
+    assert lifecycle_types(d._profile) == ["recent-assignments"]
 
 
-def test_the_best_profile_is_told_how_many_adapters_compete(monkeypatch):
+def spread_director(share: float) -> Director:
+    """The spread filter alone (and no assignments), with ``maxAdapterShare`` at ``share``."""
+    params = {"spreadRatio": 0.0, "spreadMargin": 0.0, "maxAdapterShare": share, "threshold": 1.0}
+    doc = {
+        "plugins": [{"name": "spread", "type": "lora-spread-affinity-filter", "parameters": params}],
+        "profiles": [{"name": "spread", "plugins": [{"pluginRef": "spread"}]}],
+        "picker": {"profile": "spread", "countAssignments": False},
+        "models": [{"modelName": f"m{i}", "criticality": "Critical"} for i in range(3)],
+    }
+    # "a" runs m0 and is far busier than the mean; "b" has a free slot: the filter would spread m0 there.
+    pods = (pod(3, address="a", adapters=["m0"], max_lora=2), pod(0, address="b", max_lora=2))
+    return Director(
+        config(**doc),
+        StaticSnapshotSource(snapshot(*pods)),
+        PickerMetrics(CollectorRegistry()),
+        rng=random.Random(1),
+        clock=lambda: NOW,
+        timer=time.perf_counter,
+    )
+
+
+def m0() -> bytes:
+    return b'{"model":"m0","prompt":"x"}'
+
+
+def test_the_spread_filter_alone_holds_its_max_adapter_share():
+    # Three models routed lately want 3 slots; the pods have 4. Under a share of 0.5 (2 slots) the
+    # slots are wanted by adapters without one: m0 stays on "a". Before the lifecycle, the spread
+    # filter alone was never told the count (it stayed 0) and always spread.
+    d = spread_director(share=0.5)
+    d.route(ctx(b'{"model":"m1"}'))
+    d.route(ctx(b'{"model":"m2"}'))
+    assert d.route(ctx(m0())).endpoint == "a"
+    # With a share that the three fit under, it spreads.
+    d = spread_director(share=1.0)
+    d.route(ctx(b'{"model":"m1"}'))
+    d.route(ctx(b'{"model":"m2"}'))
+    assert d.route(ctx(m0())).endpoint == "b"
+
+
+def test_the_best_profile_is_told_how_many_adapters_compete():
     pods = (pod(address="a"), pod(address="b"))
     now = [NOW]
     d = best_director(pods, lambda: now[0])
     seen = []
-    schedule = d._scheduler.schedule
-    monkeypatch.setattr(
-        d._scheduler, "schedule", lambda req, *a: seen.append(req.recent_targets) or schedule(req, *a)
-    )
     for _ in range(3):
         now[0] += 0.01
-        d.route(body(40))
+        resolved = d.resolve(ctx(body(40)))
+        seen.append(d.schedule(resolved, d.candidates(resolved)).state[RECENT_TARGETS])
     assert seen == [1, 1, 1]  # one model, however often
 
 

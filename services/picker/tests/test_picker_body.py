@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pointsman_picker import errors
-from pointsman_picker.body import estimate_prompt_tokens, parse_body, with_model
+from pointsman_picker.body import parse_body, with_model
 
 SPEC_BODY = b'{"max_tokens":100,"model":"my-model","prompt":"test1","temperature":0}'
 
@@ -38,21 +38,3 @@ def test_unchanged_model_forwards_the_original_bytes():
 def test_bad_bodies_are_400(raw, message):
     with pytest.raises(errors.BadRequest, match=message):
         parse_body(raw)
-
-
-@pytest.mark.parametrize(
-    ("doc", "tokens"),
-    [
-        ({"prompt": "x" * 400}, 100),
-        ({"prompt": ["x" * 40, "y" * 40, 7]}, 20),
-        ({"messages": [{"role": "user", "content": "x" * 80}, {"role": "system", "content": "y" * 20}]}, 25),
-        (
-            {"messages": [{"content": [{"type": "text", "text": "x" * 40}, {"type": "image_url"}]}, "junk"]},
-            10,
-        ),
-        ({"model": "m"}, 0),
-        ({"prompt": 5, "messages": "no"}, 0),
-    ],
-)
-def test_estimate_prompt_tokens(doc, tokens):
-    assert estimate_prompt_tokens(doc) == tokens

@@ -10,7 +10,7 @@ import time
 
 from hypothesis import event, given
 from hypothesis import strategies as st
-from picker_builders import NOW, config
+from picker_builders import NOW, config, ctx
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker import errors
@@ -77,7 +77,7 @@ def test_any_decoded_snapshot_routes_to_one_of_its_pods_or_fails_as_a_picker_err
     addresses = {pod.address for pod in snapshot.pods}
     for body in bodies:
         try:
-            routing = director.route(body)
+            routing = director.route(ctx(body))
         except errors.PickerError as exc:
             status = exc.status
         else:

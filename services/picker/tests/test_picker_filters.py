@@ -9,9 +9,10 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from picker_builders import pod
+from picker_builders import pod, state
 
 from pointsman_picker.scheduling import SchedulingRequest
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL
 from pointsman_picker.scheduling.filters import (
     CriticalRequest,
     HasCapacity,
@@ -22,6 +23,7 @@ from pointsman_picker.scheduling.filters import (
     LoraSpreadAffinity,
     LowQueueing,
 )
+from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_shared.snapshot import PodSnapshot
 
 CRITICAL = SchedulingRequest(target_model="critical", critical=True)
@@ -35,28 +37,26 @@ def busy(waiting: int = 0, running: int = 0, kv: float = 0.0, **kw: Any) -> PodS
     return dataclasses.replace(pod(waiting, kv, **kw), running=running)
 
 
-def request(pending: dict[str, float] | None = None, target: str | None = "x") -> SchedulingRequest:
-    return SchedulingRequest(target, critical=True, pending_prefill=pending or {})
+def request(target: str | None = "x") -> SchedulingRequest:
+    return SchedulingRequest(target, critical=True)
 
 
 @pytest.mark.parametrize(
-    ("filter_", "type_name", "reads_pending_prefill"),
+    ("filter_", "type_name", "consumes"),
     [
-        (CriticalRequest(), "critical-request-filter", False),
-        (LowQueueing(128), "low-queue-filter", False),
-        (HasCapacity(5, 0.8), "has-capacity-filter", False),
-        (LeastQueuing(), "least-queue-filter", False),
-        (LeastKvCache(), "least-kv-cache-filter", False),
-        (LoraSoftAffinity(0.999), "lora-affinity-filter", False),
-        (LoraSpreadAffinity(0.999, 0.1, 8.0), "lora-spread-affinity-filter", False),
-        (LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5), "least-work-filter", True),
+        (CriticalRequest(), "critical-request-filter", ()),
+        (LowQueueing(128), "low-queue-filter", ()),
+        (HasCapacity(5, 0.8), "has-capacity-filter", ()),
+        (LeastQueuing(), "least-queue-filter", ()),
+        (LeastKvCache(), "least-kv-cache-filter", ()),
+        (LoraSoftAffinity(0.999), "lora-affinity-filter", ()),
+        (LoraSpreadAffinity(0.999, 0.1, 8.0), "lora-spread-affinity-filter", (RECENT_TARGETS,)),
+        (LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5), "least-work-filter", (PENDING_PREFILL,)),
     ],
 )
-def test_each_filter_has_a_type_name_and_says_whether_it_reads_the_pending_prefill(
-    filter_, type_name, reads_pending_prefill
-):
+def test_each_filter_has_a_type_name_and_declares_what_it_consumes(filter_, type_name, consumes):
     assert filter_.type_name == type_name
-    assert filter_.reads_pending_prefill is reads_pending_prefill
+    assert filter_.consumes == consumes
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_each_filter_has_a_type_name_and_says_whether_it_reads_the_pending_prefi
 )
 def test_critical_request(request_, expected):
     pods = (pod(address="a"), pod(500, 1.0, address="b"))
-    assert addresses(CriticalRequest()(request_, pods, random.Random(0))) == expected
+    assert addresses(CriticalRequest()(request_, pods, state(), random.Random(0))) == expected
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_critical_request(request_, expected):
     ],
 )
 def test_least_bands(fn, pods, expected):
-    assert addresses(fn(CRITICAL, tuple(pods), random.Random(0))) == expected
+    assert addresses(fn(CRITICAL, tuple(pods), state(), random.Random(0))) == expected
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_least_bands(fn, pods, expected):
     ],
 )
 def test_threshold_filters(fn, pods, expected):
-    assert addresses(fn(CRITICAL, tuple(pods), random.Random(0))) == expected
+    assert addresses(fn(CRITICAL, tuple(pods), state(), random.Random(0))) == expected
 
 
 @pytest.mark.parametrize(
@@ -125,14 +125,16 @@ def test_threshold_filters(fn, pods, expected):
 )
 def test_lora_soft_affinity_groups(name, pods, expected):
     fn = LoraSoftAffinity(0.999)
-    assert addresses(fn(SchedulingRequest("t", True), tuple(pods), random.Random(0))) == expected, name
+    assert addresses(fn(SchedulingRequest("t", True), tuple(pods), state(), random.Random(0))) == expected, (
+        name
+    )
 
 
 def test_case5_soft_affinity_distribution():
     fn = LoraSoftAffinity(0.999)
     pods = (pod(max_lora=2, adapters={"t"}, address="affinity"), pod(max_lora=2, address="available"))
     rng = random.Random(423)
-    draws = Counter(fn(SchedulingRequest("t", True), pods, rng)[0].address for _ in range(10_000))
+    draws = Counter(fn(SchedulingRequest("t", True), pods, state(), rng)[0].address for _ in range(10_000))
     share = draws["affinity"] / 10_000 * 100
     assert 99.9 - 5 <= share <= 99.9 + 5
     assert draws["available"] > 0
@@ -141,13 +143,13 @@ def test_case5_soft_affinity_distribution():
 def test_soft_affinity_follows_the_configured_threshold():
     fn = LoraSoftAffinity(0.0)
     pods = (pod(max_lora=2, adapters={"t"}, address="affinity"), pod(max_lora=2, address="available"))
-    assert addresses(fn(SchedulingRequest("t", True), pods, random.Random(0))) == ["available"]
+    assert addresses(fn(SchedulingRequest("t", True), pods, state(), random.Random(0))) == ["available"]
 
 
 def test_no_target_model_has_no_affinity():
     fn = LoraSoftAffinity(1.0)
     pods = (pod(max_lora=1, adapters={"t"}, address="a"), pod(max_lora=1, address="b"))
-    assert addresses(fn(SchedulingRequest(None, True), pods, random.Random(0))) == ["b"]
+    assert addresses(fn(SchedulingRequest(None, True), pods, state(), random.Random(0))) == ["b"]
 
 
 # -- least work -------------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ MS = (0.0345, 0.04, 20.0, 7.0, 3.5)
     ],
 )
 def test_least_work(name, weights, pods, pending, expected):
-    kept = LeastWork(*weights)(request(pending), tuple(pods), random.Random(0))
+    kept = LeastWork(*weights)(request(), tuple(pods), state(pending=pending), random.Random(0))
     assert addresses(kept) == expected, name
 
 
@@ -270,7 +272,7 @@ def test_least_work(name, weights, pods, pending, expected):
     ],
 )
 def test_lora_spread_affinity(name, pods, expected):
-    kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), tuple(pods), random.Random(0))
+    kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), tuple(pods), state(), random.Random(0))
     assert addresses(kept) == expected, name
 
 
@@ -289,13 +291,13 @@ def test_lora_spread_affinity_leaves_the_slots_to_adapters_when_there_are_many(n
         busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
         busy(0, 100, max_lora=2, address="free"),
     )
-    req = dataclasses.replace(request(), recent_targets=recent)
-    assert addresses(LoraSpreadAffinity(1.0, 0.1, 8.0, share)(req, pods, random.Random(0))) == expected, name
+    fn = LoraSpreadAffinity(1.0, 0.1, 8.0, share)
+    assert addresses(fn(request(), pods, state(recent_targets=recent), random.Random(0))) == expected, name
 
 
 def test_lora_spread_affinity_keeps_the_soft_threshold():
     pods = (busy(max_lora=2, adapters={"x"}, address="near"), busy(max_lora=2, address="free"))
     fn = LoraSpreadAffinity(0.9, 0.1, 8.0)
     rng = random.Random(3)
-    picks = [addresses(fn(request(), pods, rng)) for _ in range(2000)]
+    picks = [addresses(fn(request(), pods, state(), rng)) for _ in range(2000)]
     assert 0.85 < picks.count(["near"]) / len(picks) < 0.95

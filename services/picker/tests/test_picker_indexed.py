@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from picker_builders import pod
+from picker_builders import pod, state
 
 from pointsman_picker.scheduling import Pods, SchedulingRequest
 from pointsman_picker.scheduling.filters import (
@@ -38,11 +38,11 @@ FILTERS = {
 }
 SCORERS = {"queue": QueueScorer(), "KV cache": KvCacheScorer()}
 REQUESTS = [
-    SchedulingRequest("a", critical=True),
-    SchedulingRequest("b", critical=False, recent_targets=3),
-    SchedulingRequest("a", critical=True, recent_targets=100),
-    SchedulingRequest(None, critical=True),
-    SchedulingRequest("c", critical=True, pending_prefill={"10.0.0.1:8000": 900.0, "10.0.0.3:8000": 40.0}),
+    (SchedulingRequest("a", critical=True), state()),
+    (SchedulingRequest("b", critical=False), state(recent_targets=3)),
+    (SchedulingRequest("a", critical=True), state(recent_targets=100)),
+    (SchedulingRequest(None, critical=True), state()),
+    (SchedulingRequest("c", critical=True), state(pending={"10.0.0.1:8000": 900.0, "10.0.0.3:8000": 40.0})),
 ]
 
 
@@ -80,23 +80,24 @@ def waiting_changes(rng: random.Random, pods: Pods) -> dict[int, int]:
 def warmed(pods: IndexedPods) -> IndexedPods:
     """Ask every fact once, as the decisions before a change would."""
     for fn in FILTERS.values():
-        for request in REQUESTS:
-            fn(request, pods, random.Random(0))
+        for request, cycle in REQUESTS:
+            fn(request, pods, cycle, random.Random(0))
     return pods
 
 
 def same_by_every_plugin(indexed: Pods, plain: Pods, seed: int) -> None:
     assert indexed == plain
     for name, fn in FILTERS.items():
-        for request in REQUESTS:
+        for request, cycle in REQUESTS:
             a, b = random.Random(seed), random.Random(seed)
-            got = fn(request, indexed, a)
-            assert got == fn(request, plain, b), (name, request)
+            got = fn(request, indexed, cycle, a)
+            assert got == fn(request, plain, cycle, b), (name, request)
             assert a.random() == b.random(), (name, request)  # the same draws
             # What a filter keeps is plain (facts would not fit it), unless it keeps every pod.
             assert type(got) is tuple or got is indexed
     for name, scorer in SCORERS.items():
-        assert scorer(REQUESTS[0], indexed) == scorer(REQUESTS[0], plain), name
+        request, cycle = REQUESTS[0]
+        assert scorer(request, indexed, cycle) == scorer(request, plain, cycle), name
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -133,10 +134,10 @@ def test_every_profile_picks_the_same_pods_from_indexed_pods(seed, name):
     plain = random_pods(rng, rng.randrange(1, 40))
     indexed = IndexedPods(plain)
     profile = PROFILES[name]
-    for request in REQUESTS:
+    for request, cycle in REQUESTS:
         a, b = random.Random(seed), random.Random(seed)
         for _ in range(20):  # the same draws in the same order
-            assert profile.schedule(request, indexed, a) == profile.schedule(request, plain, b)
+            assert profile.schedule(request, indexed, cycle, a) == profile.schedule(request, plain, cycle, b)
 
 
 def test_with_waiting_without_changes_is_the_same_pods():

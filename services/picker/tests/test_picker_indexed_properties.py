@@ -10,7 +10,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from picker_builders import pod
+from picker_builders import pod, state
 
 from pointsman_picker.scheduling import PodFacts, Pods, SchedulingRequest
 from pointsman_picker.scheduling.facts import PLAIN
@@ -53,13 +53,15 @@ def changes(n: int) -> st.SearchStrategy[dict[int, int]]:
     return st.dictionaries(st.integers(0, n - 1), WAITING, max_size=4) if n else st.just({})
 
 
-REQUESTS = st.builds(
-    SchedulingRequest,
-    st.sampled_from(TARGETS),
-    st.booleans(),
-    st.integers(0, 4000),
-    st.dictionaries(st.sampled_from([f"10.0.0.{i}:8000" for i in range(8)]), st.floats(0, 5000), max_size=3),
-    st.integers(0, 40),
+REQUESTS = st.tuples(
+    st.builds(SchedulingRequest, st.sampled_from(TARGETS), st.booleans()),
+    st.builds(
+        lambda pending, recent: state(pending=pending, recent_targets=recent),
+        st.dictionaries(
+            st.sampled_from([f"10.0.0.{i}:8000" for i in range(8)]), st.floats(0, 5000), max_size=3
+        ),
+        st.integers(0, 40),
+    ),
 )
 FILTERS = [
     CriticalRequest(),
@@ -159,13 +161,14 @@ def test_facts_carried_over_by_with_waiting_answer_as_fresh_ones(pods, asked_bef
 
 
 @given(pools(), REQUESTS, SOME_QUESTIONS, st.integers(0, 2**32))
-def test_every_filter_keeps_the_same_pods_with_the_same_draws(pods, request, asked_before, seed):
+def test_every_filter_keeps_the_same_pods_with_the_same_draws(pods, request_and_state, asked_before, seed):
+    request, cycle = request_and_state
     indexed = IndexedPods(pods)
     ask(asked_before, indexed)
     for filter_ in FILTERS:
         a, b = random.Random(seed), random.Random(seed)
-        kept = filter_(request, indexed, a)
-        assert kept == filter_(request, pods, b), filter_
+        kept = filter_(request, indexed, cycle, a)
+        assert kept == filter_(request, pods, cycle, b), filter_
         assert a.random() == b.random(), filter_  # as many draws
         # What a filter keeps is plain (facts would not fit it), unless it keeps every pod.
         assert type(kept) is tuple or kept is indexed, filter_

@@ -19,7 +19,7 @@ from pointsman_picker.scheduling.filters import (
     LowQueueing,
 )
 from pointsman_picker.scheduling.pickers import MaxScorePicker, RandomPicker
-from pointsman_picker.scheduling.plugins import (
+from pointsman_picker.scheduling.registry import (
     DEFAULT_PER_KV_CACHE,
     DEFAULT_PER_PENDING_TOKEN,
     DEFAULT_PER_RUNNING,

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 import yaml
-from picker_builders import pod
+from picker_builders import Steps, pod, run_profile, tree_profile
 
-from pointsman_picker.scheduling import Drop, Scheduler, SchedulingRequest
+from pointsman_picker.scheduling import Drop, SchedulingRequest
 from pointsman_picker.scheduling.pickers import MaxScorePicker
-from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import Profile, build_profile
-from pointsman_shared.config import PointsmanConfig, SchedulingConfig, parse_config
+from pointsman_picker.scheduling.registry import PluginError
+from pointsman_shared.config import PointsmanConfig, parse_config
 
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 
@@ -51,17 +51,18 @@ def outcome(result: Any) -> str:
 @pytest.mark.parametrize("request_", REQUESTS)
 def test_the_shipped_423_tree_picks_as_the_built_in_one(pods, request_):
     profile = build_profile(config_with(shipped("tree-423.yaml"), "tree-423"))
-    written = Scheduler(SchedulingConfig(), random.Random(0), profile=profile)
-    built_in = Scheduler(SchedulingConfig(), random.Random(0))
+    written, built_in = random.Random(0), random.Random(0)
     for _ in range(200):  # same seed, same draws: the same pods, in the same order
-        assert outcome(written.schedule(request_, pods)) == outcome(built_in.schedule(request_, pods))
+        assert outcome(run_profile(profile, request_, pods, written)) == outcome(
+            run_profile(tree_profile(), request_, pods, built_in)
+        )
 
 
 def test_the_tree_reports_the_same_steps_by_the_plugin_names():
-    steps: list[tuple[str, int]] = []
+    trace = Steps()
     profile = build_profile(config_with(shipped("tree-423.yaml"), "tree-423"))
-    profile.schedule(REQUESTS[0], POD_SETS[0], random.Random(0), lambda n, k: steps.append((n, k)))
-    assert [name for name, _ in steps] == [
+    run_profile(profile, REQUESTS[0], POD_SETS[0], random.Random(0), trace)
+    assert [name for name, _ in trace.filters] == [
         "critical request",
         "low queueing",
         "LoRA soft affinity",
@@ -78,15 +79,15 @@ def test_the_scorer_profile_prefers_the_adapter_and_the_short_queue(doc, profile
         pod(1, 0.1, 2, {"x"}, address="adapter"),  # 0.9 + 0.9 + 1.0
         pod(10, 0.9, 1, {"y"}, address="busy"),  # 0 + 0.1 + 0
     )
-    assert built.schedule(REQUESTS[0], pods, random.Random(0)).address == "adapter"
+    assert run_profile(built, REQUESTS[0], pods, random.Random(0)).address == "adapter"
 
 
 def test_scores_are_clamped_and_weighted():
-    loud = ("loud", 1.0, lambda request, pods: [5.0, -3.0])  # clamped to 1 and 0
-    quiet = ("quiet", 0.5, lambda request, pods: [0.0, 1.0])
+    loud = ("loud", 1.0, lambda request, pods, state: [5.0, -3.0])  # clamped to 1 and 0
+    quiet = ("quiet", 0.5, lambda request, pods, state: [0.0, 1.0])
     profile = Profile("p", (), (loud, quiet), MaxScorePicker())
     pods = (pod(address="a"), pod(address="b"))
-    assert profile.schedule(REQUESTS[0], pods, random.Random(0)).address == "a"  # 1.0 beats 0.5
+    assert run_profile(profile, REQUESTS[0], pods, random.Random(0)).address == "a"  # 1.0 beats 0.5
 
 
 def test_a_filter_that_keeps_nothing_drops_the_request():
@@ -94,7 +95,7 @@ def test_a_filter_that_keeps_nothing_drops_the_request():
         "plugins": [{"type": "low-queue-filter", "parameters": {"threshold": 1}}],
         "profiles": [{"name": "strict", "plugins": [{"pluginRef": "low-queue-filter"}]}],
     }
-    result = build_profile(config_with(doc, "strict")).schedule(REQUESTS[0], (pod(5),), random.Random(0))
+    result = run_profile(build_profile(config_with(doc, "strict")), REQUESTS[0], (pod(5),), random.Random(0))
     assert result == Drop("no pod left after low-queue-filter")
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from picker_builders import MODELS, NOW, config, pod, snapshot
+from picker_builders import MODELS, NOW, config, ctx, pod, snapshot
 from prometheus_client import CollectorRegistry
 
 from pointsman_picker.reload import ConfigWatcher
@@ -141,7 +141,7 @@ def test_the_app_routes_with_the_new_models_and_warns_about_restart_only_fields(
     renamed = [*MODELS, {"modelName": "new-model", "criticality": "Critical"}]
     with caplog.at_level(logging.WARNING, logger="pointsman_picker.server"):
         app.reconfigure(config(models=renamed, picker={"explainHeader": "X-Why", "listen": "0.0.0.0:9999"}))
-    assert app.director.route(b'{"model":"new-model"}').endpoint == "10.0.0.1:8000"
+    assert app.director.route(ctx(b'{"model":"new-model"}')).endpoint == "10.0.0.1:8000"
     assert app.service.settings.explain_header == "x-why"
     assert "picker.listen changed" in caplog.text
 

@@ -7,9 +7,9 @@ import random
 from collections import Counter
 
 import pytest
-from picker_builders import pod
+from picker_builders import Steps, pod, run_profile, tree_profile
 
-from pointsman_picker.scheduling import Drop, Node, Scheduler, SchedulingRequest, run_tree
+from pointsman_picker.scheduling import CycleState, Drop, Node, SchedulingRequest, run_tree
 from pointsman_picker.scheduling.tree import DROP_SHEDDABLE, either_way
 from pointsman_shared.config import SchedulingConfig
 
@@ -23,7 +23,7 @@ P3 = pod(10, 0.2, 2, {"foo"}, address="pod3")
 
 
 def schedule(request: SchedulingRequest, *pods, seed: int = 0):
-    return Scheduler(SchedulingConfig(), random.Random(seed)).schedule(request, tuple(pods))
+    return run_profile(tree_profile(), request, pods, random.Random(seed))
 
 
 def addresses(pods) -> list[str]:
@@ -95,8 +95,8 @@ def test_critical_is_never_dropped_when_a_pod_exists():
 def test_thresholds_come_from_the_config():
     strict = SchedulingConfig(queue_threshold_critical=0, kv_cache_threshold=0.1)
     pods = (pod(1, 0.05, address="a"),)
-    assert isinstance(Scheduler(strict, random.Random(0)).schedule(SHEDDABLE, pods), Drop)
-    assert Scheduler(SchedulingConfig(), random.Random(0)).schedule(SHEDDABLE, pods).address == "a"
+    assert isinstance(run_profile(tree_profile(strict), SHEDDABLE, pods, random.Random(0)), Drop)
+    assert run_profile(tree_profile(), SHEDDABLE, pods, random.Random(0)).address == "a"
 
 
 def test_final_pick_is_uniform():
@@ -107,15 +107,15 @@ def test_final_pick_is_uniform():
 
 
 # The walking rules of a node, on toy filters.
-def keep_even(request, pods, rng):
+def keep_even(request, pods, state, rng):
     return tuple(p for p in pods if p.waiting % 2 == 0)
 
 
-def keep_none(request, pods, rng):
+def keep_none(request, pods, state, rng):
     return ()
 
 
-def keep_first(request, pods, rng):
+def keep_first(request, pods, state, rng):
     return pods[:1]
 
 
@@ -139,21 +139,21 @@ EVENS_THEN_FIRST = Node("evens", keep_even, on_success=Node("first", keep_first)
 )
 def test_run_tree(name, root, waitings, expected):
     pods = tuple(pod(w) for w in waitings)
-    result = run_tree(root, CRITICAL, pods, random.Random(0))
+    result = run_tree(root, CRITICAL, pods, CycleState(), random.Random(0))
     assert [p.waiting for p in result] == expected, name
 
 
 def test_run_tree_drop():
     root = Node("none", keep_none, on_failure=Drop("full"))
-    assert run_tree(root, CRITICAL, (pod(),), random.Random(0)) == Drop("full")
+    assert run_tree(root, CRITICAL, (pod(),), CycleState(), random.Random(0)) == Drop("full")
 
 
 def test_the_walk_is_reported_step_by_step():
-    steps: list[tuple[str, int]] = []
+    trace = Steps()
     pods = (pod(0, 0.2, address="a"), pod(3, 0.1, address="b"), pod(200, 0.2, address="c"))
-    Scheduler(SchedulingConfig(), random.Random(0)).schedule(
-        CRITICAL, pods, lambda name, kept: steps.append((name, kept))
-    )
+    run_profile(tree_profile(), CRITICAL, pods, random.Random(0), trace)
+    steps = trace.filters
+    assert trace.steps[-1] == ("picker", "random-picker", 1)
     assert steps == [
         ("critical request", 3),
         ("low queueing", 2),

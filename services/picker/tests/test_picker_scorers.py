@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from picker_builders import pod
 
-from pointsman_picker.scheduling import SchedulingRequest
+from pointsman_picker.scheduling import CycleState, SchedulingRequest
 from pointsman_picker.scheduling.indexed import IndexedPods
 from pointsman_picker.scheduling.scorers import KvCacheScorer, LoraAffinityScorer, QueueScorer
 
@@ -29,14 +29,14 @@ def test_each_scorer_has_a_type_name(scorer, type_name):
 )
 def test_queue_scorer(waiting, scores):
     pods = tuple(pod(q) for q in waiting)
-    assert QueueScorer()(REQUEST, pods) == scores
-    assert QueueScorer()(REQUEST, IndexedPods(pods)) == scores  # read through the pods' facts
+    assert QueueScorer()(REQUEST, pods, CycleState()) == scores
+    assert QueueScorer()(REQUEST, IndexedPods(pods), CycleState()) == scores  # read through the pods' facts
 
 
 def test_kv_cache_scorer():
     pods = (pod(kv=0.25), pod(kv=1.0))
-    assert KvCacheScorer()(REQUEST, pods) == [0.75, 0.0]
-    assert KvCacheScorer()(REQUEST, IndexedPods(pods)) == [0.75, 0.0]
+    assert KvCacheScorer()(REQUEST, pods, CycleState()) == [0.75, 0.0]
+    assert KvCacheScorer()(REQUEST, IndexedPods(pods), CycleState()) == [0.75, 0.0]
 
 
 @pytest.mark.parametrize(
@@ -49,5 +49,5 @@ def test_kv_cache_scorer():
     ],
 )
 def test_lora_affinity_scorer(candidate, score):
-    assert LoraAffinityScorer()(REQUEST, (candidate,)) == [score]
-    assert LoraAffinityScorer()(SchedulingRequest(None, critical=True), (candidate,)) == [0.0]
+    assert LoraAffinityScorer()(REQUEST, (candidate,), CycleState()) == [score]
+    assert LoraAffinityScorer()(SchedulingRequest(None, critical=True), (candidate,), CycleState()) == [0.0]

@@ -11,6 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from picker_builders import body, headers, post_headers, set_headers
 
 from pointsman_picker import errors
+from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Routing
 from pointsman_picker.extproc.stream import Completion, Phase, RequestStream, StreamSettings
 from pointsman_picker.extproc.usage import Usage
@@ -26,14 +27,17 @@ class FakeRouter:
         self.done: list[Completion] = []
         self.explained: list[bool] = []
         self.objectives: list[str | None] = []
+        self.contexts: list[RequestContext] = []
         self.fail = fail
         self.rewrite = rewrite
         self.now = 0.0
 
-    def route(self, data: bytes | None, explain: bool, objective: str | None) -> Routing:
+    def route(self, context: RequestContext) -> Routing:
+        data = context.body
+        self.contexts.append(context)
         self.bodies.append(data)
-        self.explained.append(explain)
-        self.objectives.append(objective)
+        self.explained.append(context.explain)
+        self.objectives.append(context.objective)
         if self.fail is not None:
             raise self.fail
         if self.rewrite is not None:

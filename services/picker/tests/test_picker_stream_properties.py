@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from pointsman_picker import errors
 from pointsman_picker.body import parse_body
+from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director
 from pointsman_picker.extproc.stream import Phase, RequestStream, StreamSettings
 from pointsman_picker.metrics import PickerMetrics
@@ -198,7 +199,8 @@ def test_any_message_sequence_gets_valid_answers_and_an_error_ends_the_stream(
 ) -> None:
     calls: list[bytes | None] = []
 
-    def route(body: bytes | None, explain: bool, objective: str | None) -> Routing:
+    def route(context: RequestContext) -> Routing:
+        body = context.body
         outcome = outcomes[len(calls) % len(outcomes)]
         calls.append(body)
         if callable(outcome):

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pointsman_picker import goencoding
 from pointsman_picker.errors import BadRequest, Internal
-
-CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokenizers
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,26 +43,3 @@ def with_model(body: RequestBody, target: str) -> bytes:
         return goencoding.dumps({**body.doc, "model": target})
     except (TypeError, ValueError) as exc:
         raise Internal(f"cannot re-encode the request body: {exc}", model=body.model, target=target) from exc
-
-
-def estimate_prompt_tokens(doc: Mapping[str, Any]) -> int:
-    """The prompt's length in tokens, estimated at four characters a token from a completions
-    ``prompt`` (a string or strings) or the chat ``messages``' text; 0 when the body has neither."""
-    chars = 0
-    prompt = doc.get("prompt")
-    if isinstance(prompt, str):
-        chars = len(prompt)
-    elif isinstance(prompt, list):
-        chars = sum(len(p) for p in prompt if isinstance(p, str))
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    text = part.get("text") if isinstance(part, dict) else None
-                    if isinstance(text, str):
-                        chars += len(text)
-    return chars // CHARS_PER_TOKEN

@@ -1,38 +1,41 @@
-"""From a complete request to a destination: resolve the model, rewrite the body, pick a pod.
+"""From a request to a destination, in four steps: resolve the model, find the candidate pods, schedule
+(the profile's request plugins prepare, then its filters, scorers and picker run), commit the pick.
 
 Pure: no gRPC, protobuf, Redis, Prometheus or asyncio here or in what it imports (an import-linter
 contract holds it), and the clock, the timer and the randomness come in as arguments. The ext_proc
-stream calls :meth:`Director.route` once per request and turns the result (or the
+stream calls :meth:`Director.route` once per request with its
+:class:`~pointsman_picker.context.RequestContext` and turns the result (or the
 :class:`~pointsman_picker.errors.PickerError` it raises) into Envoy responses; the quality benchmark
-calls it in virtual time.
+calls it in virtual time. A layer that holds requests (flow control) calls the steps itself, with its
+wait between :meth:`Director.resolve` and :meth:`Director.candidates`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pointsman_picker import errors
-from pointsman_picker.assignments import PrefillBacklog, RecentAssignments, RecentTargets
-from pointsman_picker.body import estimate_prompt_tokens, parse_body, with_model
+from pointsman_picker.body import parse_body, with_model
+from pointsman_picker.context import RequestContext, Resolved
 from pointsman_picker.explain import DecisionTrace
-from pointsman_picker.ports import RoutingMetrics, SnapshotSource
+from pointsman_picker.interfaces import RoutingMetrics, SnapshotSource
 from pointsman_picker.resolution import ModelCatalog
 from pointsman_picker.routing import Routing
-from pointsman_picker.scheduling import Drop, Pods, Scheduler, SchedulingRequest
+from pointsman_picker.scheduling import CycleState, Drop, Pods, SchedulingRequest, Ticket
+from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.indexed import indexed
-from pointsman_picker.scheduling.profiles import build_profile
+from pointsman_picker.scheduling.profiles import Profile, build_profile
 from pointsman_shared.config import FailureMode, PointsmanConfig
-from pointsman_shared.snapshot import PoolSnapshot, is_fresh
+from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot, is_fresh
 
-# Timing every filter of every decision would cost more than the filters; one decision in this many is
+# Timing every plugin of every decision would cost more than the plugins; one decision in this many is
 # timed for inference_extension_plugin_duration_seconds.
 PLUGIN_TIMING_EVERY = 16
-# Long enough to see the tail of a Zipf mix of adapters at tens of requests a second.
-RECENT_TARGETS_WINDOW = 30.0
 
 # Models passed through as asked are client input: the first this many get a metric label of their own.
 PASSTHROUGH_LABELS = 256
@@ -66,6 +69,19 @@ def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pod
     return (fresh, False) if fresh else (snapshot.pods, True)
 
 
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The pods a request may go to at ``now``: ``pods`` (indexed for the filters) with each one's
+    position by address; ``stale`` when no pod was fresh and all are used. With no pod at all,
+    ``fallback`` is the endpoint FailOpen sends the request to."""
+
+    pods: Pods
+    positions: Mapping[str, int]
+    stale: bool
+    now: float
+    fallback: str | None = None
+
+
 class UsablePods:
     """:func:`usable_pods` of the current snapshot, kept until the snapshot changes or the first of its
     fresh pods ages past ``max_age`` (a 512-pod pool costs a pass per request otherwise), indexed for
@@ -77,16 +93,26 @@ class UsablePods:
         self._until = 0.0
         self._pods: Pods = ()
         self._stale = True
-        self.index: dict[str, int] = {}
+        self._positions: dict[str, int] = {}
 
-    def get(self, snapshot: PoolSnapshot, now: float) -> tuple[Pods, bool]:
+    def get(self, snapshot: PoolSnapshot, now: float) -> Candidates:
         if snapshot is not self._snapshot or now > self._until:
             pods, stale = usable_pods(snapshot, now, self._max_age)
             self._snapshot, self._pods, self._stale = snapshot, indexed(pods), stale
             # Stale pods turn fresh only with a new snapshot; fresh ones turn stale one by one.
             self._until = math.inf if stale else min(p.updated_at for p in pods) + self._max_age
-            self.index = {pod.address: i for i, pod in enumerate(pods)}
-        return self._pods, self._stale
+            self._positions = {pod.address: i for i, pod in enumerate(pods)}
+        return Candidates(self._pods, self._positions, self._stale, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What scheduling made of a request: its pod or why it was dropped, the request's cycle state
+    (the plugins' data, which the hooks after the pick read), and the path taken when asked for."""
+
+    outcome: PodSnapshot | Drop
+    state: CycleState
+    explain: str = ""
 
 
 class Director:
@@ -107,75 +133,157 @@ class Director:
         self._rng = rng
         self._clock = clock
         self._timer = timer
-        self._assignments: RecentAssignments | None = None
-        self._backlog: PrefillBacklog | None = None
-        self._targets: RecentTargets | None = None
-        self._backlog_rate = 0.0
         self._last_seen: PoolSnapshot | None = None
         self._last_known: tuple[str, ...] = ()  # see _remember
         self._decisions = 0
+        self._tickets = itertools.count(1)
         self._passthrough_labels = BoundedLabels(PASSTHROUGH_LABELS)
+        self._profile: Profile | None = None
         self.reconfigure(config)
 
     def reconfigure(self, config: PointsmanConfig) -> None:
-        """Use ``config``'s models, thresholds, freshness and failure mode from the next request on.
-        Assignments still in flight keep counting."""
+        """Use ``config``'s models, profile, freshness and failure mode from the next request on. The
+        request plugins whose spec did not change are kept, state and all (assignments in flight keep
+        counting)."""
         self._catalog = ModelCatalog(
             config.models, config.objectives, passthrough=config.picker.passthrough_unknown_models
         )
-        self._scheduler = Scheduler(config.scheduling, self._rng, profile=build_profile(config))
-        self.profile = self._scheduler.profile.name  # the label of decisions
+        reuse = self._profile.lifecycle.by_spec() if self._profile is not None else None
+        self._profile = build_profile(config, reuse)
+        self._lifecycle = self._profile.lifecycle
+        self.profile = self._profile.name  # the label of decisions
         self._max_staleness = config.picker.max_staleness
         self._usable = UsablePods(self._max_staleness)
-        self._fail_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
+        self._failing_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
-        if not config.picker.count_assignments:
-            self._assignments = None
-        elif self._assignments is None:
-            self._assignments = RecentAssignments()
-        # The prompt tokens each pod has still to compute, for profiles whose filters weigh them.
-        rate = config.picker.prefill_tokens_per_second
-        if not self._scheduler.profile.uses_pending_prefill:
-            self._backlog = None
-        elif self._backlog is None or self._backlog_rate != rate:
-            self._backlog = PrefillBacklog(rate)
-        self._backlog_rate = rate
-        if not self._scheduler.profile.uses_pending_prefill:
-            self._targets = None
-        elif self._targets is None:
-            self._targets = RecentTargets(RECENT_TARGETS_WINDOW)
 
-    def route(self, body: bytes | None, explain: bool = False, objective: str | None = None) -> Routing:
-        """Route a request; ``body`` is ``None`` when the request has none (routed without a model);
-        ``objective`` is the InferenceObjective the request names, if any. With ``explain`` (or DEBUG
-        logging) the routing carries the path taken; a :class:`~pointsman_picker.errors.PickerError`
-        raised after scheduling carries it too."""
-        explain = explain or log.isEnabledFor(logging.DEBUG)
+    def route(self, context: RequestContext) -> Routing:
+        """Route a request through the four steps. With ``context.explain`` (or DEBUG logging) the
+        routing carries the path taken; a :class:`~pointsman_picker.errors.PickerError` raised after
+        scheduling carries it too."""
+        resolved = self.resolve(context)
+        candidates = self.candidates(resolved)
+        if candidates.fallback is not None:
+            return self._fail_open(resolved, candidates)
+        return self.commit(resolved, candidates, self.schedule(resolved, candidates))
+
+    def resolve(self, context: RequestContext) -> Resolved:
+        """The request's model resolved (a weighted draw among its targets, its objective's priority)
+        and its body rewritten for the target; :class:`~pointsman_picker.errors.BadRequest` or
+        :class:`~pointsman_picker.errors.UnknownModel` when that cannot be."""
+        body = context.body
         if body is None:
-            request = SchedulingRequest(target_model=None, critical=False)
-            endpoint, result, now, path = self._pick(request, "", "", explain)
-            self._metrics.routed("", "", 0, self.profile, result)
-            return Routing(endpoint, None, rewritten=False, assigned_at=now, explain=path)
+            request = SchedulingRequest(target_model=None, critical=False, request_id=context.request_id)
+            return Resolved(context, request, None, False, "", "", 0, None)
         parsed = parse_body(body)
-        resolution = self._catalog.resolve(parsed.model, self._rng, objective)
+        resolution = self._catalog.resolve(parsed.model, self._rng, context.objective)
         if resolution is None:
             # No model label: the name is client input, and metric labels must stay bounded.
             raise errors.UnknownModel(f"no InferenceModel for model {parsed.model[:200]!r}")
-        final = with_model(parsed, resolution.target)
+        forward = with_model(parsed, resolution.target)
         request = SchedulingRequest(
             target_model=resolution.target,
             critical=resolution.critical,
-            prompt_tokens=estimate_prompt_tokens(parsed.doc) if self._backlog is not None else 0,
+            body=parsed.doc,
+            request_id=context.request_id,
         )
         model = target = resolution.model
         if resolution.configured:
             target = resolution.target
         else:
             model = target = self._passthrough_labels.label(model)
-        endpoint, result, now, path = self._pick(request, model, target, explain)
-        self._metrics.routed(model, target, resolution.priority, self.profile, result)
+        return Resolved(
+            context, request, forward, forward is not body, model, target, resolution.priority, resolution
+        )
+
+    def fresh_snapshot(self, now: float) -> PoolSnapshot | None:
+        """The newest snapshot, if the collector published it at most ``picker.maxStaleness`` ago (the
+        rule for routing and for readiness alike)."""
+        snapshot = self._source.current()
+        if snapshot is not self._last_seen and snapshot is not None:
+            self._remember(snapshot)
+        if snapshot is not None and now - snapshot.published_at > self._max_staleness:
+            return None  # the collector (or Redis) has gone quiet: the failure mode decides
+        return snapshot
+
+    def candidates(self, resolved: Resolved) -> Candidates:
+        """The usable pods now (fresh and healthy; all of them, stale, when none is); the FailOpen
+        fallback when there is none; else :class:`~pointsman_picker.errors.NoEndpoints`."""
+        now = self._clock()
+        snapshot = self.fresh_snapshot(now)
+        if snapshot is not None and snapshot.pods:
+            return self._usable.get(snapshot, now)
+        fallback = self._endpoints or self._last_known
+        if self._failing_open and fallback:
+            return Candidates((), {}, True, now, fallback[self._rng.randrange(len(fallback))])
+        why = "no fresh pool snapshot" if snapshot is None else "the pool has no pods"
+        raise errors.NoEndpoints(why, model=resolved.model, target=resolved.target)
+
+    def schedule(self, resolved: Resolved, candidates: Candidates) -> Decision:
+        """The profile's request plugins prepare (their data into the request's cycle state, their
+        numbers into the pods), then its filters, scorers and picker choose a pod or drop the request."""
+        explain = resolved.context.explain or log.isEnabledFor(logging.DEBUG)
+        self._decisions += 1
+        timed = self._decisions % PLUGIN_TIMING_EVERY == 0
+        trace = DecisionTrace(self._timer) if explain or timed else None
+        start = self._timer()
+        request, now = resolved.request, candidates.now
+        state = CycleState()
+        state[POSITIONS] = candidates.positions
+        pods = self._lifecycle.prepare(request, candidates.pods, state, now)
+        assert self._profile is not None
+        outcome = self._profile.schedule(request, pods, state, self._rng, trace)
+        self._metrics.scheduled(self._timer() - start)
+        path = ""
+        if trace is not None:
+            if timed:
+                self._metrics.plugins_timed(trace.steps)
+            if explain:
+                done = (
+                    f"dropped ({outcome.reason})"
+                    if isinstance(outcome, Drop)
+                    else f"picked {outcome.address}"
+                )
+                notes = self._lifecycle.notes(state)
+                path = trace.describe(pods=len(pods), notes=notes, stale=candidates.stale, outcome=done)
+        return Decision(outcome, state, path)
+
+    def commit(self, resolved: Resolved, candidates: Candidates, decision: Decision) -> Routing:
+        """The request takes its pod: the plugins hear of it and the decision is counted; a dropped
+        request is :class:`~pointsman_picker.errors.NoCapacity`."""
+        outcome = decision.outcome
+        if isinstance(outcome, Drop):
+            raise errors.NoCapacity(
+                outcome.reason, model=resolved.model, target=resolved.target, explain=decision.explain
+            )
+        ticket = Ticket(next(self._tickets), outcome.address, candidates.now)
+        self._lifecycle.picked(ticket, resolved.request, decision.state)
+        result = "picked_stale" if candidates.stale else "picked"
+        return self._routed(resolved, ticket, result, decision.explain)
+
+    def release(self, routing: Routing) -> None:
+        """The request ``routing`` sent is over (its stream closed)."""
+        if routing.ticket:
+            self._lifecycle.finished(Ticket(routing.ticket, routing.endpoint, routing.assigned_at))
+
+    def _fail_open(self, resolved: Resolved, candidates: Candidates) -> Routing:
+        assert candidates.fallback is not None
+        path = f"no fresh pods; failureMode FailOpen; picked {candidates.fallback}"
+        return self._routed(resolved, Ticket(0, candidates.fallback, candidates.now), "fail_open", path)
+
+    def _routed(self, resolved: Resolved, ticket: Ticket, result: str, path: str) -> Routing:
+        self._metrics.routed(resolved.model, resolved.target, resolved.priority, self.profile, result)
         return Routing(
-            endpoint, final, final is not body, model, target, now, path, priority=resolution.priority
+            ticket.address,
+            resolved.forward,
+            resolved.rewritten,
+            resolved.model,
+            resolved.target,
+            ticket.at,
+            path,
+            priority=resolved.priority,
+            request_id=resolved.context.request_id,
+            ticket=ticket.key,
         )
 
     def _remember(self, snapshot: PoolSnapshot) -> None:
@@ -186,63 +294,3 @@ class Director:
         healthy = tuple(pod.address for pod in snapshot.pods if pod.healthy)
         if healthy or snapshot.pods:
             self._last_known = healthy or tuple(pod.address for pod in snapshot.pods)
-
-    def release(self, routing: Routing) -> None:
-        """The request ``routing`` sent is over (its stream closed)."""
-        if self._assignments is not None:
-            self._assignments.release(routing.endpoint, routing.assigned_at)
-
-    def _pick(
-        self, request: SchedulingRequest, model: str, target: str, explain: bool
-    ) -> tuple[str, str, float, str]:
-        """The endpoint, the decision's ``result`` label, the time of the decision and, with
-        ``explain``, the path taken."""
-        snapshot = self._source.current()
-        if snapshot is not self._last_seen and snapshot is not None:
-            self._remember(snapshot)
-        now = self._clock()
-        if snapshot is not None and now - snapshot.published_at > self._max_staleness:
-            snapshot = None  # the collector (or Redis) has gone quiet: the failure mode decides
-        pods, stale = self._usable.get(snapshot, now) if snapshot else ((), True)
-        if not pods:
-            fallback = self._endpoints or self._last_known
-            if self._fail_open and fallback:
-                endpoint = fallback[self._rng.randrange(len(fallback))]
-                return endpoint, "fail_open", now, f"no fresh pods; failureMode FailOpen; picked {endpoint}"
-            why = "no fresh pool snapshot" if snapshot is None else "the pool has no pods"
-            raise errors.NoEndpoints(why, model=model, target=target)
-        self._decisions += 1
-        timed = self._decisions % PLUGIN_TIMING_EVERY == 0
-        trace = DecisionTrace(self._timer) if explain or timed else None
-        start = self._timer()
-        recent = 0
-        if self._assignments is not None:
-            pods = self._assignments.adjust(pods, self._usable.index, not_before=now - self._max_staleness)
-            if explain:
-                recent = sum(self._assignments.pending().values())
-        if self._backlog is not None and self._targets is not None:
-            request = dataclasses.replace(
-                request,
-                pending_prefill=self._backlog.pending(now),
-                recent_targets=self._targets.seen(request.target_model, now),
-            )
-        outcome = self._scheduler.schedule(request, pods, trace)
-        self._metrics.scheduled(self._timer() - start)
-        path = ""
-        if trace is not None:
-            if timed:
-                self._metrics.filters_timed(trace.steps)
-            if explain:
-                done = (
-                    f"dropped ({outcome.reason})"
-                    if isinstance(outcome, Drop)
-                    else f"picked {outcome.address}"
-                )
-                path = trace.describe(pods=len(pods), recent=recent, stale=stale, outcome=done)
-        if isinstance(outcome, Drop):
-            raise errors.NoCapacity(outcome.reason, model=model, target=target, explain=path)
-        if self._assignments is not None:
-            self._assignments.record(outcome.address, now)
-        if self._backlog is not None:
-            self._backlog.record(outcome.address, request.prompt_tokens, now)
-        return outcome.address, "picked_stale" if stale else "picked", now, path

@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from pointsman_picker.ports import SnapshotSource
+from pointsman_picker.interfaces import SnapshotSource
 from pointsman_picker.routing import Completion, Routing
 
 # Upstream's buckets (GIE v1.5.0), its 32778 included.
@@ -119,7 +119,8 @@ class PickerMetrics:
         )
         self.plugin_duration = Histogram(
             "inference_extension_plugin_duration_seconds",
-            "Time one filter of the scheduling tree took (one decision in 16 is timed).",
+            "Time one plugin of the scheduling profile took: a filter, scorer or picker "
+            "(one decision in 16 is timed).",
             ("plugin_type", "plugin_name"),
             buckets=SCHEDULER_BUCKETS,
             registry=registry,
@@ -212,9 +213,9 @@ class PickerMetrics:
         for increment in increments:
             increment()
 
-    def filters_timed(self, steps: list[tuple[str, int, float]]) -> None:
-        for name, _, seconds in steps:
-            self.plugin_duration.labels("filter", name).observe(seconds)
+    def plugins_timed(self, steps: list[tuple[str, str, int, float]]) -> None:
+        for kind, name, _, seconds in steps:
+            self.plugin_duration.labels(kind, name).observe(seconds)
 
     def completed(self, done: Completion) -> None:
         """A response Envoy showed the picker has ended; an HTTP error status counts as an error. As

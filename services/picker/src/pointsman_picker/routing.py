@@ -16,6 +16,8 @@ class Routing:
     assigned_at: float = 0.0  # the director's clock at the decision
     explain: str = ""  # the path taken, when asked for (see pointsman_picker.explain)
     priority: int = 0  # the request's objective priority (negative: sheddable)
+    request_id: str = ""
+    ticket: int = 0  # the director's key for the request's end (0: nothing to release)
 
 
 @dataclass(frozen=True, slots=True)

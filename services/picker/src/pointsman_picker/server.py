@@ -34,8 +34,8 @@ from pointsman_picker.health import HealthBoard, health_methods
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.routing import Routing
-from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import build_profile
+from pointsman_picker.scheduling.registry import PluginError
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotFeed
 from pointsman_shared import upstream
 from pointsman_shared.config import ConfigError, PointsmanConfig
@@ -155,10 +155,9 @@ class PickerApp:
 
     async def _serve_when_ready(self) -> None:
         await self.source.wait_ready()
-        max_age = self.config.picker.max_staleness
-        while True:
-            snapshot = self.source.current()
-            if snapshot is not None and self._clock() - snapshot.published_at <= max_age:
+        while True:  # polled: readiness waits for a snapshot that is fresh, not for one to arrive
+            snapshot = self.director.fresh_snapshot(self._clock())
+            if snapshot is not None:
                 break
             await asyncio.sleep(READY_POLL)
         self.health.ready()

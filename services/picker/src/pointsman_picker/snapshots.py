@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from pointsman_picker.ports import SnapshotSource
+from pointsman_picker.interfaces import SnapshotSource
 from pointsman_shared.aio import wait_event
 from pointsman_shared.backoff import Backoff, Jitter
 from pointsman_shared.codec import CodecError, decode_pool
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class SnapshotFeed(SnapshotSource, Protocol):
-    """A :class:`~pointsman_picker.ports.SnapshotSource` kept fresh by a background job."""
+    """A :class:`~pointsman_picker.interfaces.SnapshotSource` kept fresh by a background job."""
 
     async def wait_ready(self) -> None:
         """Return once a first snapshot has arrived."""

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from pointsman_picker.scheduling.plugins import PluginError
 from pointsman_picker.scheduling.profiles import build_profile
+from pointsman_picker.scheduling.registry import PluginError
 from pointsman_quality.picker_path import DirectorRouter
 from pointsman_quality.scenario import Scenario, ScenarioError
 from pointsman_quality.workload import ModelMix

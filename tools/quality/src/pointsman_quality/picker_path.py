@@ -14,9 +14,10 @@ import random
 import time
 from collections.abc import Sequence
 
+from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
-from pointsman_picker.ports import NoMetrics
+from pointsman_picker.interfaces import NoMetrics
 from pointsman_picker.routing import Routing
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
@@ -71,7 +72,8 @@ class DirectorRouter:
         if self._snapshots.update(pods):
             self._index = {pod.address: i for i, pod in enumerate(pods)}
         try:
-            routing = self.director.route(self._body(request.adapter, request.prompt_tokens))
+            context = RequestContext(str(id(request)), self._body(request.adapter, request.prompt_tokens))
+            routing = self.director.route(context)
         except PickerError as exc:
             self.errors[exc.status] = self.errors.get(exc.status, 0) + 1
             return None

@@ -26,13 +26,14 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from pointsman_picker.context import NO_HEADERS, RequestContext
 from pointsman_picker.errors import BodyTooLarge, Internal, PickerError
 from pointsman_picker.extproc import responses
 from pointsman_picker.extproc.usage import UsageScanner
@@ -48,7 +49,7 @@ _EVENT_STREAM = "text/event-stream"
 _LOG_LEVELS = {429: logging.DEBUG, 503: logging.DEBUG, 500: logging.WARNING}
 _MAX_REQUEST_ID = 128
 
-RouteRequest = Callable[[bytes | None, bool, str | None], Routing]  # (body, explain, objective)
+RouteRequest = Callable[[RequestContext], Routing]
 ErrorSink = Callable[[PickerError], None]
 Clock = Callable[[], float]
 
@@ -116,7 +117,7 @@ class RequestStream:
         self._response_bytes = 0
         self._usage: UsageScanner | None = None
         self._explain = False
-        self._objective: str | None = None
+        self._headers: Mapping[str, str] = NO_HEADERS
 
     @property
     def failed(self) -> bool:
@@ -150,14 +151,14 @@ class RequestStream:
             return self._fail(Internal("request headers arrived twice on one stream"))
         if self._clock is not None:
             self._started = self._clock()
-        self.request_id = (_header(headers, REQUEST_ID_HEADER) or str(uuid.uuid4()))[:_MAX_REQUEST_ID]
+        self._headers = found = header_map(headers)
+        self.request_id = (found.get(REQUEST_ID_HEADER) or str(uuid.uuid4()))[:_MAX_REQUEST_ID]
         self.log = RequestLog(log, {"request_id": self.request_id})
         explain_header = self._settings.explain_header
-        self._explain = explain_header is not None and _header(headers, explain_header) is not None
-        self._objective = _header(headers, self._settings.objective_header)
+        self._explain = explain_header is not None and explain_header in found
         if headers.end_of_stream:
             listing = self._settings.models_listing
-            if listing is not None and _is_models_list(headers):
+            if listing is not None and _is_models_list(found):
                 self.phase = Phase.ANSWERED
                 return [responses.immediate(200, listing, details="pointsman_models")]
             return self._decide(None)
@@ -197,7 +198,15 @@ class RequestStream:
 
     def _decide(self, body: bytes | None, chunks: int = 1) -> list[pb.ProcessingResponse]:
         try:
-            routing = self._route(body, self._explain, self._objective)
+            routing = self._route(
+                RequestContext(
+                    self.request_id,
+                    body,
+                    self._headers,
+                    self._headers.get(self._settings.objective_header),
+                    self._explain,
+                )
+            )
         except PickerError as exc:
             return self._fail(exc)
         except Exception:
@@ -246,10 +255,11 @@ class RequestStream:
         ]
 
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
-        status = _header(headers, ":status") or ""
+        found = header_map(headers)
+        status = found.get(":status", "")
         # At most three ASCII digits: str.isdigit() also takes "²", which int() refuses.
         self._status = int(status) if len(status) <= 3 and status.isascii() and status.isdigit() else 0
-        content_type = _header(headers, "content-type") or ""
+        content_type = found.get("content-type", "")
         self._usage = UsageScanner(
             event_stream=content_type.startswith(_EVENT_STREAM), max_bytes=self._settings.max_body_bytes
         )
@@ -308,13 +318,17 @@ class RequestStream:
         return [responses.error_response(error, self._settings.explain_header if self._explain else None)]
 
 
-def _is_models_list(headers: pb.HttpHeaders) -> bool:
-    path = (_header(headers, ":path") or "").split("?", 1)[0].rstrip("/")
-    return path == MODELS_PATH and _header(headers, ":method") == "GET"
+def _is_models_list(headers: Mapping[str, str]) -> bool:
+    path = headers.get(":path", "").split("?", 1)[0].rstrip("/")
+    return path == MODELS_PATH and headers.get(":method") == "GET"
 
 
-def _header(headers: pb.HttpHeaders, name: str) -> str | None:
+def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
+    """The headers by lower-case name, the first of each name (Envoy sends names in lower case)."""
+    found: dict[str, str] = {}
     for entry in headers.headers.headers:
-        if entry.key.lower() == name:
-            return str(entry.raw_value.decode("utf-8", "replace") if entry.raw_value else entry.value)
-    return None
+        name = entry.key.lower()
+        if name not in found:
+            raw = entry.raw_value
+            found[name] = raw.decode("utf-8", "replace") if raw else entry.value
+    return found

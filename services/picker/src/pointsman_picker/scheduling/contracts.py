@@ -1,18 +1,30 @@
-"""The contracts of the scheduling plugins, and the view of the pods that filters read.
+"""The contracts of the scheduling plugins, of the request lifecycle, and the view of the pods that
+filters read.
 
 A profile runs its filters (a tree of them: :mod:`~pointsman_picker.scheduling.tree`), then its scorers
-(each clamped to [0, 1], then weighted and summed), then its picker. Randomness comes in as an argument.
-A plugin's ``type_name`` is its ``type`` in the config's ``plugins``.
+(each clamped to [0, 1], then weighted and summed), then its picker. Each gets the request's
+:class:`~pointsman_picker.scheduling.types.CycleState` and declares the data it ``consumes`` from it.
+Randomness comes in as an argument. A plugin's ``type_name`` is its ``type`` in the config's
+``plugins``.
+
+A :class:`RequestPlugin` lives across requests (its state outlives them: recent assignments, a prefix
+index) and hooks into each request's life (:mod:`~pointsman_picker.scheduling.lifecycle` runs them):
+``prepare`` before the filters (it may write the data it ``produces`` and refine the pods' numbers),
+``picked`` once the request has its pod, ``finished`` when the request has ended. Time comes in as an
+argument. A filter, scorer or picker may be one too.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
-from pointsman_picker.scheduling.types import Pods, SchedulingRequest
+from pointsman_picker.scheduling.types import CycleState, DataKey, Pods, SchedulingRequest
 from pointsman_shared.snapshot import PodSnapshot
+
+DataKeys = tuple[DataKey[Any], ...]
 
 
 class Filter(Protocol):
@@ -20,11 +32,11 @@ class Filter(Protocol):
 
     __slots__ = ()
     type_name: ClassVar[str]
-    # Whether it reads the request's ``pending_prefill``, which the director works out only when a
-    # filter of the profile does.
-    reads_pending_prefill: ClassVar[bool] = False
+    consumes: ClassVar[DataKeys] = ()
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods: ...
+    def __call__(
+        self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random
+    ) -> Pods: ...
 
 
 class Scorer(Protocol):
@@ -32,8 +44,9 @@ class Scorer(Protocol):
 
     __slots__ = ()
     type_name: ClassVar[str]
+    consumes: ClassVar[DataKeys] = ()
 
-    def __call__(self, request: SchedulingRequest, pods: Pods) -> list[float]: ...
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState) -> list[float]: ...
 
 
 class Picker(Protocol):
@@ -41,8 +54,51 @@ class Picker(Protocol):
 
     __slots__ = ()
     type_name: ClassVar[str]
+    consumes: ClassVar[DataKeys] = ()
 
-    def __call__(self, pods: Pods, scores: list[float] | None, rng: random.Random) -> PodSnapshot: ...
+    def __call__(
+        self, pods: Pods, scores: list[float] | None, state: CycleState, rng: random.Random
+    ) -> PodSnapshot: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One request that got a pod: ``key`` is unique among this picker's requests, ``at`` the time of
+    the decision. What a plugin hears at ``picked`` and again at ``finished``."""
+
+    key: int
+    address: str
+    at: float
+
+
+class RequestPlugin:
+    """A plugin with state across requests and hooks in each request's life; the hooks it does not
+    override cost nothing (the lifecycle calls only overridden ones).
+
+    ``spec`` is what the plugin was made from (its type and parameters): a config reload that builds a
+    plugin of the same spec keeps the running one, state and all.
+    """
+
+    type_name: ClassVar[str]
+    produces: ClassVar[DataKeys] = ()
+    consumes: ClassVar[DataKeys] = ()
+    spec: tuple[str, str] = ("", "")
+
+    def prepare(self, request: SchedulingRequest, pods: Pods, state: CycleState, now: float) -> Pods:
+        """Before the filters: write what the plugin produces into ``state``; return ``pods``, or the
+        pods with numbers of the plugin's own (at the same positions)."""
+        return pods
+
+    def picked(self, ticket: Ticket, request: SchedulingRequest, state: CycleState) -> None:
+        """The request got its pod (``ticket.address``)."""
+
+    def finished(self, ticket: Ticket) -> None:
+        """The request ``ticket`` names has ended (its stream closed). A ticket the plugin never saw is
+        ignored: the plugin may have been made by a reload after the request's pick."""
+
+    def note(self, state: CycleState) -> str:
+        """A few words for the explain header's head (``""``: nothing to say)."""
+        return ""
 
 
 Mask = Sequence[int]  # one truth value per pod

@@ -7,12 +7,18 @@ the same body serves a pool's pods, which carry their facts, and any other tuple
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar
 
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
-from pointsman_picker.scheduling.types import Pods, SchedulingRequest
+from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
+from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
+
+NO_PENDING: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +27,7 @@ class CriticalRequest(Filter):
 
     type_name: ClassVar[str] = "critical-request-filter"
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         return pods if request.critical else ()
 
 
@@ -32,7 +38,7 @@ class LowQueueing(Filter):
     type_name: ClassVar[str] = "low-queue-filter"
     threshold: int
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         facts = facts_of(pods)
         if facts.max_waiting(pods) < self.threshold:
             return pods  # the usual case, known without a pass when the pods carry their facts
@@ -47,7 +53,7 @@ class HasCapacity(Filter):
     queue_threshold: int
     kv_threshold: float
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         return facts_of(pods).capacity(pods, self.queue_threshold, self.kv_threshold)
 
 
@@ -57,7 +63,7 @@ class LeastQueuing(Filter):
 
     type_name: ClassVar[str] = "least-queue-filter"
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         if len(pods) < 2:
             return pods  # one pod is its own band (counts are whole)
         facts = facts_of(pods)
@@ -71,7 +77,7 @@ class LeastKvCache(Filter):
 
     type_name: ClassVar[str] = "least-kv-cache-filter"
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         if not pods:
             return ()
         facts = facts_of(pods)
@@ -87,7 +93,7 @@ class LoraSoftAffinity(Filter):
     type_name: ClassVar[str] = "lora-affinity-filter"
     threshold: float
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         facts = facts_of(pods)
         near, free = facts.lora(pods, request.target_model)
         if near and free and rng.random() >= self.threshold:
@@ -104,23 +110,24 @@ class LoraSpreadAffinity(Filter):
     (load: running plus waiting requests; the mean over the pods given), the request goes to the pods
     with a free adapter slot instead, so a hot adapter gets another pod before its own pods queue. No
     spreading while any pod has an adapter waiting without running: that adapter waits for a slot, and
-    a spread adapter would take one more; nor while the adapters routed lately (the request's
-    ``recent_targets``) need more than ``max_adapter_share`` of the pods' slots, one each.
+    a spread adapter would take one more; nor while the adapters routed lately (``RECENT_TARGETS``)
+    need more than ``max_adapter_share`` of the pods' slots, one each.
     """
 
     type_name: ClassVar[str] = "lora-spread-affinity-filter"
+    consumes = (RECENT_TARGETS,)
     threshold: float
     spread_ratio: float
     spread_margin: float
     max_adapter_share: float = 0.75
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         facts = facts_of(pods)
         near, free = facts.lora(pods, request.target_model)
         if near and free:
             mean = facts.total_load(pods) / len(pods)
             busy = facts.least_load(pods, near) > mean * (1.0 + self.spread_ratio) + self.spread_margin
-            if busy and request.recent_targets > self.max_adapter_share * facts.slots(pods):
+            if busy and state.get(RECENT_TARGETS, 0) > self.max_adapter_share * facts.slots(pods):
                 busy = False  # the slots are wanted by adapters that have none
             if busy and not facts.starved(pods):
                 return facts.take(pods, free)
@@ -136,25 +143,25 @@ class LeastWork(Filter):
     A vLLM pod with chunked prefill runs steps whose length grows with the prompt tokens it computes,
     the sequences it decodes and the tokens in its KV cache, and a new request waits for the step under
     way and then its own: ``work = per_pending_token * pending + per_running * running + per_kv_cache *
-    kv_cache_usage + per_waiting * waiting``. ``pending`` is the pod's entry in the request's
-    ``pending_prefill`` (prompt tokens this picker sent lately that the pod has probably not computed
+    kv_cache_usage + per_waiting * waiting``. ``pending`` is the pod's entry in ``PENDING_PREFILL``
+    (prompt tokens this picker sent lately that the pod has probably not computed
     yet: a scrape says how many requests wait, not how long their prompts are); ``waiting`` already
     counts the picker's unseen assignments. Any unit will do (the defaults are milliseconds); the
     filter never comes up empty.
     """
 
     type_name: ClassVar[str] = "least-work-filter"
-    reads_pending_prefill: ClassVar[bool] = True
+    consumes = (PENDING_PREFILL,)
     per_pending_token: float
     per_running: float
     per_kv_cache: float
     per_waiting: float
     tolerance: float
 
-    def __call__(self, request: SchedulingRequest, pods: Pods, rng: random.Random) -> Pods:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         if len(pods) < 2:
             return pods
-        pending = request.pending_prefill
+        pending = state.read(PENDING_PREFILL, NO_PENDING)
         per_pending_token, per_running = self.per_pending_token, self.per_running
         per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
         # One pass over the pods themselves: the work is new with every request (its pending prefill),

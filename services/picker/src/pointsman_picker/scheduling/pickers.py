@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pointsman_picker.scheduling.contracts import Picker
-from pointsman_picker.scheduling.types import Pods
+from pointsman_picker.scheduling.types import CycleState, Pods
 from pointsman_shared.snapshot import PodSnapshot
 
 
@@ -17,7 +17,9 @@ class RandomPicker(Picker):
 
     type_name: ClassVar[str] = "random-picker"
 
-    def __call__(self, pods: Pods, scores: list[float] | None, rng: random.Random) -> PodSnapshot:
+    def __call__(
+        self, pods: Pods, scores: list[float] | None, state: CycleState, rng: random.Random
+    ) -> PodSnapshot:
         return pods[rng.randrange(len(pods))]
 
 
@@ -27,7 +29,9 @@ class MaxScorePicker(Picker):
 
     type_name: ClassVar[str] = "max-score-picker"
 
-    def __call__(self, pods: Pods, scores: list[float] | None, rng: random.Random) -> PodSnapshot:
+    def __call__(
+        self, pods: Pods, scores: list[float] | None, state: CycleState, rng: random.Random
+    ) -> PodSnapshot:
         if scores is None:
             return pods[rng.randrange(len(pods))]
         best = max(scores)

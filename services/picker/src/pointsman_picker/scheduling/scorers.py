@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pointsman_picker.scheduling.contracts import Scorer
 from pointsman_picker.scheduling.indexed import facts_of
-from pointsman_picker.scheduling.types import Pods, SchedulingRequest
+from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +16,7 @@ class QueueScorer(Scorer):
 
     type_name: ClassVar[str] = "queue-scorer"
 
-    def __call__(self, request: SchedulingRequest, pods: Pods) -> list[float]:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState) -> list[float]:
         facts = facts_of(pods)
         low, high = facts.waiting_range(pods)
         if high == low:
@@ -30,7 +30,7 @@ class KvCacheScorer(Scorer):
 
     type_name: ClassVar[str] = "kv-cache-scorer"
 
-    def __call__(self, request: SchedulingRequest, pods: Pods) -> list[float]:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState) -> list[float]:
         return [1.0 - kv for kv in facts_of(pods).kv(pods)]
 
 
@@ -40,7 +40,7 @@ class LoraAffinityScorer(Scorer):
 
     type_name: ClassVar[str] = "lora-affinity-scorer"
 
-    def __call__(self, request: SchedulingRequest, pods: Pods) -> list[float]:
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState) -> list[float]:
         target = request.target_model
         if target is None:
             return [0.0] * len(pods)

@@ -20,7 +20,7 @@ from pointsman_picker.scheduling.filters import (
     LoraSoftAffinity,
     LowQueueing,
 )
-from pointsman_picker.scheduling.types import Drop, Pods, SchedulingRequest
+from pointsman_picker.scheduling.types import CycleState, Drop, Pods, SchedulingRequest
 from pointsman_shared.config import SchedulingConfig
 
 # Told each node's name and how many pods it kept, in walk order (to explain a decision, to time nodes).
@@ -43,13 +43,18 @@ def either_way(name: str, filter: Filter, next_node: Node | Drop | None = None) 
 
 
 def run_tree(
-    root: Node, request: SchedulingRequest, pods: Pods, rng: random.Random, on_step: StepSink | None = None
+    root: Node,
+    request: SchedulingRequest,
+    pods: Pods,
+    state: CycleState,
+    rng: random.Random,
+    on_step: StepSink | None = None,
 ) -> Pods | Drop:
     node = root
     while True:
         # The method, not the instance: a call through the type's call slot costs three times as much,
         # a tenth of a small pool's filter.
-        kept = node.filter.__call__(request, pods, rng)
+        kept = node.filter.__call__(request, pods, state, rng)
         if on_step is not None:
             on_step(node.name, len(kept))
         branch = node.on_success if kept else node.on_failure
@@ -62,8 +67,9 @@ def run_tree(
         node = branch
 
 
-def reads_pending_prefill(node: Node | Drop | None) -> bool:
-    """Whether a filter of the tree from ``node`` reads the request's ``pending_prefill``."""
+def tree_filters(node: Node | Drop | None) -> list[Filter]:
+    """Every filter of the tree from ``node``, each once (a filter may sit on several nodes)."""
+    filters: dict[int, Filter] = {}
     seen: set[int] = set()
     todo = [node]
     while todo:
@@ -71,10 +77,9 @@ def reads_pending_prefill(node: Node | Drop | None) -> bool:
         if not isinstance(item, Node) or id(item) in seen:
             continue
         seen.add(id(item))
-        if item.filter.reads_pending_prefill:
-            return True
+        filters.setdefault(id(item.filter), item.filter)
         todo += [item.on_success, item.on_failure]
-    return False
+    return list(filters.values())
 
 
 def build_tree(config: SchedulingConfig) -> Node:

@@ -21,8 +21,8 @@ class RoutingMetrics(Protocol):
     def scheduled(self, seconds: float) -> None:
         """One run of the scheduler took ``seconds``."""
 
-    def filters_timed(self, steps: list[tuple[str, int, float]]) -> None:
-        """The filters of one timed decision: (name, pods kept, seconds) in walk order."""
+    def plugins_timed(self, steps: list[tuple[str, str, int, float]]) -> None:
+        """The plugins of one timed decision: (kind, name, pods kept or scored, seconds) in order."""
 
 
 class NoMetrics:
@@ -34,5 +34,5 @@ class NoMetrics:
     def scheduled(self, seconds: float) -> None:
         pass
 
-    def filters_timed(self, steps: list[tuple[str, int, float]]) -> None:
+    def plugins_timed(self, steps: list[tuple[str, str, int, float]]) -> None:
         pass

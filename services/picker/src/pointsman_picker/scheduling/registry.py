@@ -1,5 +1,7 @@
 """The plugin registry: every plugin type by its name, with its parameters' defaults and its factory,
-per kind (filters, scorers, pickers); and :func:`build_plugins`, which makes the config's ``plugins``.
+per kind (filters, scorers, pickers, request plugins); :func:`build_plugins`, which makes the config's
+``plugins``; and the producer of each kind of cycle-state data that a profile may consume without
+declaring its producer (:func:`producer_of`).
 
 Every filter plugin is a :class:`~pointsman_picker.scheduling.tree.Node`, so the #423 tree is one
 plugin of type ``decision-tree`` whose ``tree`` parameter wires other filters by name (``filter``,
@@ -9,11 +11,14 @@ the config's ``scheduling``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pointsman_picker.scheduling.contracts import Filter, Picker, Scorer
+from pointsman_picker.scheduling.assignments import RecentAssignments
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS, PrefillBacklog
+from pointsman_picker.scheduling.contracts import Filter, Picker, RequestPlugin, Scorer
 from pointsman_picker.scheduling.filters import (
     CriticalRequest,
     HasCapacity,
@@ -25,15 +30,18 @@ from pointsman_picker.scheduling.filters import (
     LowQueueing,
 )
 from pointsman_picker.scheduling.pickers import MaxScorePicker, RandomPicker
+from pointsman_picker.scheduling.recent_targets import DEFAULT_WINDOW, RECENT_TARGETS, RecentTargets
 from pointsman_picker.scheduling.scorers import KvCacheScorer, LoraAffinityScorer, QueueScorer
 from pointsman_picker.scheduling.tree import DROP_SHEDDABLE, Node
-from pointsman_picker.scheduling.types import Drop
-from pointsman_shared.config import SchedulingConfig
+from pointsman_picker.scheduling.types import DataKey, Drop
+from pointsman_shared.config import PointsmanConfig, SchedulingConfig
 
 T = TypeVar("T")
 # By type name: the parameters' defaults (every parameter a type takes), and what makes the plugin from
 # the parameters, defaults filled in.
 PluginTypes = dict[str, tuple[dict[str, Any], Callable[[dict[str, Any]], T]]]
+# A request plugin of the running profile by its spec (type, parameters): what a reload keeps.
+Reuse = Mapping[tuple[str, str], RequestPlugin]
 
 
 class PluginError(ValueError):
@@ -126,6 +134,42 @@ PICKER_TYPES: PluginTypes[Picker] = {
 }
 DECISION_TREE = "decision-tree"
 
+# The request plugins the director adds itself: the recent assignments (``picker.countAssignments``),
+# and the producers of the data a profile's plugins consume. Their parameters come from ``picker``.
+REQUEST_TYPES: PluginTypes[RequestPlugin] = {
+    RecentAssignments.type_name: ({"horizon": 2.0}, lambda p: RecentAssignments(float(p["horizon"]))),
+    PrefillBacklog.type_name: (
+        {"tokensPerSecond": 20_000.0},
+        lambda p: PrefillBacklog(float(p["tokensPerSecond"])),
+    ),
+    RecentTargets.type_name: ({"window": DEFAULT_WINDOW}, lambda p: RecentTargets(float(p["window"]))),
+}
+PRODUCERS: dict[DataKey[Any], str] = {
+    PENDING_PREFILL: PrefillBacklog.type_name,
+    PROMPT_TOKENS: PrefillBacklog.type_name,
+    RECENT_TARGETS: RecentTargets.type_name,
+}
+
+
+def request_plugin_params(config: PointsmanConfig) -> dict[str, dict[str, Any]]:
+    """The parameters of the request plugins the director adds, from the config's ``picker``."""
+    return {
+        RecentAssignments.type_name: {"horizon": config.picker.max_staleness},
+        PrefillBacklog.type_name: {"tokensPerSecond": config.picker.prefill_tokens_per_second},
+    }
+
+
+def build_request_plugin(kind: str, params: Mapping[str, Mapping[str, Any]], reuse: Reuse) -> RequestPlugin:
+    return _make(REQUEST_TYPES, kind, f"<{kind}>", params.get(kind, {}), reuse)
+
+
+def producer_of(
+    key: DataKey[Any], params: Mapping[str, Mapping[str, Any]], reuse: Reuse
+) -> RequestPlugin | None:
+    """The request plugin that produces ``key`` (``None``: no type does)."""
+    kind = PRODUCERS.get(key)
+    return None if kind is None else build_request_plugin(kind, params, reuse)
+
 
 def _params(path: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(given) - set(defaults))
@@ -144,16 +188,29 @@ def _params(path: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     return values
 
 
-def _make(types: PluginTypes[T], kind: str, path: str, params: Mapping[str, Any]) -> T:
+def _make(
+    types: PluginTypes[T], kind: str, path: str, params: Mapping[str, Any], reuse: Reuse | None = None
+) -> T:
+    """The plugin of type ``kind``; a request plugin of the same spec in ``reuse`` is kept instead (its
+    state outlives the config)."""
     defaults, factory = types[kind]
-    return factory(_params(f"{path}.parameters", params, defaults))
+    values = _params(f"{path}.parameters", params, defaults)
+    spec = (kind, json.dumps(values, sort_keys=True, default=repr))
+    kept = reuse.get(spec) if reuse else None
+    if kept is not None:
+        return kept  # type: ignore[return-value]  # a plugin of this type, by its spec
+    plugin = factory(values)
+    if isinstance(plugin, RequestPlugin):
+        plugin.spec = spec
+    return plugin
 
 
 def build_plugins(
-    specs: Sequence[tuple[str, str, Mapping[str, Any]]], config: SchedulingConfig
+    specs: Sequence[tuple[str, str, Mapping[str, Any]]], config: SchedulingConfig, reuse: Reuse | None = None
 ) -> dict[str, Plugin]:
     """``specs`` are ``(name, type, parameters)``, indexed as ``plugins[i]`` in errors. Decision trees
-    may refer to any filter declared before or after them."""
+    may refer to any filter declared before or after them. Request plugins of ``reuse`` are kept where
+    their spec is built again."""
     filters = filter_types(config)
     plugins: dict[str, Plugin] = {}
     trees: list[tuple[int, str, Mapping[str, Any]]] = []
@@ -162,11 +219,11 @@ def build_plugins(
         if name in plugins or any(name == t[1] for t in trees):
             raise PluginError(f"{path}.name", f"{name!r} is declared twice")
         if kind in filters:
-            plugins[name] = Plugin(name, filter=Node(name, _make(filters, kind, path, params)))
+            plugins[name] = Plugin(name, filter=Node(name, _make(filters, kind, path, params, reuse)))
         elif kind in SCORER_TYPES:
-            plugins[name] = Plugin(name, scorer=_make(SCORER_TYPES, kind, path, params))
+            plugins[name] = Plugin(name, scorer=_make(SCORER_TYPES, kind, path, params, reuse))
         elif kind in PICKER_TYPES:
-            plugins[name] = Plugin(name, picker=_make(PICKER_TYPES, kind, path, params))
+            plugins[name] = Plugin(name, picker=_make(PICKER_TYPES, kind, path, params, reuse))
         elif kind == DECISION_TREE:
             _params(f"{path}.parameters", params, {"tree": None})
             trees.append((i, name, params))

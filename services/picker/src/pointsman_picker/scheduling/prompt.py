@@ -1,0 +1,31 @@
+"""What plugins read of a request's prompt: its length in tokens, estimated from the body's text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+CHARS_PER_TOKEN = 4  # the usual estimate for English text and the Llama tokenizers
+
+
+def estimate_prompt_tokens(doc: Mapping[str, Any]) -> int:
+    """The prompt's length in tokens, estimated at four characters a token from a completions
+    ``prompt`` (a string or strings) or the chat ``messages``' text; 0 when the body has neither."""
+    chars = 0
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        chars = len(prompt)
+    elif isinstance(prompt, list):
+        chars = sum(len(p) for p in prompt if isinstance(p, str))
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text") if isinstance(part, dict) else None
+                    if isinstance(text, str):
+                        chars += len(text)
+    return chars // CHARS_PER_TOKEN
