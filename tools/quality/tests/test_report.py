@@ -11,6 +11,7 @@ from quality_builders import scenario, stats
 from pointsman_quality import report
 from pointsman_quality.scenario import Target
 from pointsman_quality.sweep import Capacity, VariantResult
+from pointsman_shared.stats import PERCENTILE_RULE_TEXT
 
 
 def result() -> VariantResult:
@@ -59,7 +60,8 @@ def test_a_target_of_a_contender_not_run_checks_nothing() -> None:
 
 def test_the_summary_has_the_shape_other_tools_read() -> None:
     doc = report.summary(scenario(), result())
-    assert set(doc) == {"scenario", "variant", "pods", "capacity_rps", "levels"}
+    assert set(doc) == {"percentile_rule", "scenario", "variant", "pods", "capacity_rps", "levels"}
+    assert doc["percentile_rule"] == "nearest-rank"
     assert doc["capacity_rps"] == {"best": 400.0, "ref": 300.0, "rr": 20.0}
     level = doc["levels"][0]
     assert level["load"] == 0.5
@@ -90,7 +92,9 @@ def test_write_makes_the_markdown_the_json_the_summary_and_the_plots(tmp_path: P
     assert "**missed**" in text
     assert "| rr | 20.0 (at least) | - |" in text  # no contender named round-robin here
     assert "![quality-tiny-v4-ttft-p90](quality-tiny-v4-ttft-p90.png)" in text
+    assert PERCENTILE_RULE_TEXT in text
     doc = json.loads((tmp_path / "quality-tiny.json").read_text())
+    assert doc["percentile_rule"] == "nearest-rank"
     assert doc["variants"][0]["capacity_is_lower_bound"] == ["rr"]
     assert [t["met"] for t in doc["targets"]] == [True, False]
     assert (tmp_path / "quality-tiny-v4-ttft-p90.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""One run's figures: percentiles, and repeats pooled."""
+"""One run's figures: the latency percentiles, and repeats pooled."""
 
 from __future__ import annotations
 
@@ -8,24 +8,23 @@ import pytest
 from quality_builders import scenario
 
 from pointsman_quality.contenders import contenders
-from pointsman_quality.runs import percentile, run
+from pointsman_quality.runs import latency_figures, run
 from pointsman_quality.scenario import engine_configs
 
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 
 
-@pytest.mark.parametrize(
-    ("values", "p", "expected"),
-    [
-        ([], 0.5, 0.0),
-        ([1.0], 0.99, 1.0),
-        ([1.0, 2.0, 3.0, 4.0], 0.5, 2.0),
-        (list(range(1, 101)), 0.9, 90),
-        (list(range(1, 101)), 0.99, 99),
-    ],
-)
-def test_nearest_rank_percentiles(values, p, expected) -> None:
-    assert percentile(values, p) == expected
+def test_latency_figures_take_the_shared_rule_and_are_zero_without_requests() -> None:
+    ttft = [float(i) for i in range(1, 101)]
+    figures = latency_figures(reversed(ttft), [0.5, 0.1], iter([3.0]))
+    assert figures == {
+        "ttft_p50_s": 50.0,
+        "ttft_p90_s": 90.0,
+        "ttft_p99_s": 99.0,
+        "tpot_p90_s": 0.5,
+        "e2e_p90_s": 3.0,
+    }
+    assert set(latency_figures([], [], []).values()) == {0.0}
 
 
 def test_repeats_pool_other_samples_of_the_same_traffic() -> None:

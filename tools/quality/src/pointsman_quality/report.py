@@ -19,6 +19,7 @@ from typing import Any
 from pointsman_quality.runs import RunStats
 from pointsman_quality.scenario import TARGET_METRICS, Scenario, Target
 from pointsman_quality.sweep import VariantResult
+from pointsman_shared.stats import PERCENTILE_RULE, PERCENTILE_RULE_TEXT
 
 SUMMARY_FIELDS = tuple(name for name in TARGET_METRICS if name != "capacity")  # per level
 
@@ -97,6 +98,7 @@ def _compare(target: Target, variant: str, level: float | None, values: Mapping[
 
 def summary(scenario: Scenario, result: VariantResult) -> dict[str, Any]:
     return {
+        "percentile_rule": PERCENTILE_RULE,
         "scenario": scenario.name,
         "variant": result.variant,
         "pods": scenario.fleet.pods,
@@ -118,6 +120,7 @@ def full(
     scenario: Scenario, results: Sequence[VariantResult], checks: Sequence[Check], info: Mapping[str, Any]
 ) -> dict[str, Any]:
     return {
+        "percentile_rule": PERCENTILE_RULE,
         "scenario": scenario.name,
         "pods": scenario.fleet.pods,
         **info,
@@ -219,6 +222,8 @@ def markdown(
         f"{scenario.load.capacity.p99_ttft_below:g} s; load = a fraction of `{scenario.load.reference}`'s "
         f"capacity. {info['runs']} runs in {info['wall_s']:.0f} s of wall time"
         + (" (QUICK: fewer levels, shorter runs)." if info.get("quick") else "."),
+        "",
+        PERCENTILE_RULE_TEXT,
         "",
     ]
     if checks:
