@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,9 @@ from pointsman_quality.live_fleet import live_scenario, sim_args
 from pointsman_quality.live_stats import RequestResult, live_stats, send_lag
 from pointsman_quality.perf_config import azure_trace, lora_traffic_split, perf_config
 from pointsman_quality.perf_results import as_sent, perf_results
-from pointsman_quality.runs import RunStats, run
+from pointsman_quality.runs import RunStats
 from pointsman_quality.scenario import Scenario, Variant, engine_configs, load_scenario
-from pointsman_quality.sweep import find_capacity
+from pointsman_quality.sweep import Capacity, CapacityMethod, Sweep
 from pointsman_quality.timescale import time_scaled
 from pointsman_quality.virtual_replay import median_stats, virtual_run
 from pointsman_quality.workload import ModelMix, build_trace
@@ -543,24 +544,14 @@ def log(message: str) -> None:
     print(f"[bench-live {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def capacity_of(
-    scenario: Scenario, reference: Contender, engines: list[EngineConfig], given: float | None
-) -> tuple[float, str]:
-    if given is not None:
-        return given, "--capacity"
-    spec = scenario.load.capacity
-    duration = scenario.load.duration
-    log(f"searching {reference.name}'s capacity in virtual time ({duration:g} s runs, unscaled engine)")
-    found = find_capacity(
-        lambda rate: run(scenario, reference, engines, rate, duration),
-        spec.start_rps,
-        spec.p99_ttft_below,
-        spec.precision,
-    )
-    return found.rate, (
-        f"virtual search: highest rate with p99 TTFT < {spec.p99_ttft_below:g} s over {duration:g} s runs, "
-        f"{len(found.probes)} probes"
-    )
+def search_capacities(
+    scenario: Scenario, contenders: Sequence[Contender], engines: list[EngineConfig]
+) -> tuple[dict[str, Capacity], CapacityMethod]:
+    """The contenders' capacities as the quality bench finds them (its search, its runs: the
+    scenario's duration and repeats), in virtual time on the unscaled engine."""
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        sweep = Sweep(scenario, contenders, pool, levels=(), duration=scenario.load.duration)
+        return sweep.capacities(engines, [c.name for c in contenders]), sweep.method
 
 
 @dataclass
@@ -790,15 +781,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check_sim_flags(sim_flags, engine, 1 / k)
 
-    capacity, capacity_source = capacity_of(scenario, virtual[reference], engines, args.capacity)
-    log(f"{reference} capacity {capacity:.1f} req/s unscaled ({capacity_source}); k = {k:g}")
-    # Each other Pointsman contender's own capacity: what a level means for it (given --capacity, none).
-    own = {reference: capacity}
-    if args.capacity is None:
-        for contender in wanted:
-            if contender.kind == "pointsman" and contender.name not in own:
-                own[contender.name] = capacity_of(scenario, virtual[contender.name], engines, None)[0]
-                log(f"{contender.name} capacity {own[contender.name]:.1f} req/s unscaled")
+    if args.capacity is not None:
+        # Given: no search, and no other contender's own capacity.
+        capacity, capacity_source, own = args.capacity, "--capacity", {reference: args.capacity}
+    else:
+        # The reference's capacity, and each other Pointsman contender's own: what a level means for it.
+        names = dict.fromkeys([reference, *(c.name for c in wanted if c.kind == "pointsman")])
+        log(f"searching the capacities of {', '.join(names)} in virtual time (unscaled engine)")
+        found, method = search_capacities(scenario, [virtual[name] for name in names], engines)
+        own = {name: cap.rate for name, cap in found.items()}
+        capacity = own[reference]
+        capacity_source = f"virtual search, {len(found[reference].probes)} probes: {method.text()}"
+        for name, rate in own.items():
+            log(f"{name} capacity {rate:.1f} req/s unscaled")
+    log(f"{reference} capacity {capacity:.1f} req/s unscaled; k = {k:g}")
 
     run_dir = ROOT / ".run" / time.strftime(f"live-%Y%m%d-%H%M%S-{os.getpid()}")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,7 @@ def stats(**values: float) -> RunStats:
         "adapter_loads_disk": 3,
         "adapter_loads_cpu": 1,
         "max_pod_share": 0.5,
+        "unserved": 0,
     }
     base.update(values)
     return RunStats(**base)

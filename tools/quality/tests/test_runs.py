@@ -8,8 +8,11 @@ import pytest
 from quality_builders import scenario
 
 from pointsman_quality.contenders import contenders
-from pointsman_quality.runs import latency_figures, run
+from pointsman_quality.runs import latency_figures, run, stats
 from pointsman_quality.scenario import engine_configs
+from pointsman_quality.sweep import passes
+from pointsman_sim.engine import FinishedRequest
+from pointsman_sim.fleet import FleetResult, Served
 
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 
@@ -40,3 +43,16 @@ def test_repeats_pool_other_samples_of_the_same_traffic() -> None:
     assert pooled.finished + pooled.rejected == pooled.requests
     director = run(s, by_name["pointsman-423"], engines, 20.0, 3.0, repeats=2)
     assert director.finished == director.requests
+
+
+def fleet_result(served: int, rejected: int) -> FleetResult:
+    done = tuple(Served(0, FinishedRequest(f"r{i}", 10, 5, 0.0, 0.1, 0.5)) for i in range(served))
+    return FleetResult(done, rejected=rejected, shed=0, totals=(), ended_at=1.0)
+
+
+def test_a_request_refused_in_one_of_two_repeats_is_not_rounded_away() -> None:
+    # 9 requests over two repeats, one refused: per repeat 4.5 requests and 4 finished, both round to 4.
+    pooled = stats(10.0, 9, [fleet_result(4, 0), fleet_result(4, 1)], pods=1)
+    assert (pooled.requests, pooled.finished, pooled.rejected) == (4, 4, 0)
+    assert pooled.unserved == 1
+    assert not passes(pooled, 2.0)

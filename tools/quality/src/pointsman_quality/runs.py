@@ -29,6 +29,9 @@ class RunStats:
     adapter_loads_disk: int
     adapter_loads_cpu: int
     max_pod_share: float  # the busiest pod's share of the requests: how evenly the router spread
+    # Requests not finished, every repeat's together: the counts above are per repeat and rounded, so a
+    # single refused request in two repeats can round away; the capacity criterion reads this one.
+    unserved: int
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -84,7 +87,14 @@ def stats(rate: float, requests: int, results: Sequence[FleetResult], pods: int)
         adapter_loads_disk=round(sum(t.lora_loads_from_disk for r in results for t in r.totals) / n),
         adapter_loads_cpu=round(sum(t.lora_loads_from_cpu for r in results for t in r.totals) / n),
         max_pod_share=max(per_pod) / len(served) if served else 0.0,
+        unserved=requests - len(served),
     )
+
+
+def canonical_rate(rate: float) -> float:
+    """``rate`` to nine significant digits: a level's rate (a fraction times a capacity, 1.1 x 75 =
+    82.50000000000001) and a probe's at the same rate (82.5) are then one rate, one run."""
+    return float(f"{rate:.9g}")
 
 
 def run(
@@ -97,6 +107,7 @@ def run(
 ) -> RunStats:
     """``repeats`` samples of the traffic (each with the routers' draws of its own), pooled: one run
     of a router that locks adapters onto pods early is luck as much as policy."""
+    rate = canonical_rate(rate)
     results = []
     requests = 0
     for repeat in range(repeats):

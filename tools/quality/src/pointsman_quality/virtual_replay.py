@@ -61,6 +61,7 @@ def window_stats(
         adapter_loads_disk=sum(t.lora_loads_from_disk for t in result.totals),
         adapter_loads_cpu=sum(t.lora_loads_from_cpu for t in result.totals),
         max_pod_share=max(per_pod) / len(served) if served else 0.0,
+        unserved=len(counted) - len(served),
     )
 
 
