@@ -31,7 +31,6 @@ import json
 import multiprocessing
 import os
 import re
-import statistics
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -48,6 +47,7 @@ from pointsman_collector.sink import RedisSnapshotSink
 from pointsman_devstack.redis_server import start_redis
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.model_server import PRESETS
+from pointsman_shared.stats import PERCENTILE_RULE, mean, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "collector.json"
@@ -308,13 +308,6 @@ def _errors(registry: CollectorRegistry) -> float:
     )
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=200)
@@ -365,16 +358,17 @@ def main() -> int:
         redis.stop()
 
     result: dict[str, Any] = {
+        "percentile_rule": PERCENTILE_RULE,
         "pods": args.pods,
         "page_kb": list(page_kb),
-        "response_kb_min_mean_max": [round(f(sizes) / 1024, 1) for f in (min, statistics.mean, max)],
+        "response_kb_min_mean_max": [round(f(sizes) / 1024, 1) for f in (min, mean, max)],
         "interval_ms": args.interval * 1000,
         "paced_cpu_fraction": round(paced["cpu_fraction"], 3),
         "paced_cpu_us_per_scrape": round(paced["cpu_us_per_scrape"], 1),
         "paced_scrapes_per_s": round(paced["scrapes_per_s"]),
         "paced_late_rounds": late,
         "paced_rounds": len(window["gaps"]),
-        "paced_gap_p99_ms": round(percentile(window["gaps"], 0.99) * 1000, 1),
+        "paced_gap_p99_ms": round(percentile(window["gaps"], 0.99) * 1000, 1) if window["gaps"] else None,
         "paced_scrape_errors": paced["errors"],
         "paced_publishes_per_s": round(paced["publishes_per_s"]),
         "max_scrapes_per_s": round(flat["scrapes_per_s"]),
@@ -386,7 +380,7 @@ def main() -> int:
         "flat_out_publishes_per_s": round(flat["publishes_per_s"]),
         "flat_out_pod_server_cpu_fraction": round(flat_pods_cpu, 3),
         "metric_age_samples": len(ages),
-        "metric_age_p50_ms": round(statistics.median(ages), 1) if ages else None,
+        "metric_age_p50_ms": round(percentile(ages, 0.5), 1) if ages else None,
         "metric_age_p99_ms": round(percentile(ages, 0.99), 1) if ages else None,
         "metric_age_max_ms": round(max(ages), 1) if ages else None,
         "pages": list(PAGE_NAMES),

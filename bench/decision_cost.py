@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+from pointsman_shared.stats import PERCENTILE_RULE, mean, median, percentile
 
 T = TypeVar("T")
 RESULTS = Path(__file__).parent / "results" / "decision_cost.json"
@@ -107,7 +107,7 @@ def per_call_us(fn: Callable[[], object], *, budget: float = 0.6) -> float:
         for _ in range(batch):
             fn()
         means.append((time.perf_counter() - start) / batch * 1e6)
-    return statistics.median(means)
+    return median(means)
 
 
 def bench_schedule() -> dict[str, float]:
@@ -198,7 +198,7 @@ async def bench_streams(pods: int) -> dict[str, float]:
     stub = pb_grpc.ExternalProcessorStub(channel)
     try:
         await run_streams(stub, 200, 1)  # warm up
-        timings = sorted(await run_streams(stub, 2000, 1))
+        timings = await run_streams(stub, 2000, 1)
         start = time.perf_counter()
         await run_streams(stub, 4000, 16)
         elapsed = time.perf_counter() - start
@@ -218,9 +218,9 @@ async def bench_streams(pods: int) -> dict[str, float]:
         await app.stop(0)
     key = f"{pods}_pods"
     return {
-        f"stream_sequential_{key}_mean_us": statistics.fmean(timings),
-        f"stream_sequential_{key}_p50_us": timings[len(timings) // 2],
-        f"stream_sequential_{key}_p99_us": timings[int(len(timings) * 0.99)],
+        f"stream_sequential_{key}_mean_us": mean(timings),
+        f"stream_sequential_{key}_p50_us": percentile(timings, 0.5),
+        f"stream_sequential_{key}_p99_us": percentile(timings, 0.99),
         f"stream_concurrent16_{key}_per_s": 4000 / elapsed,
         f"stream_other_process_client16_{key}_per_s": total / external,
         f"stream_other_process_client16_{key}_server_cpu_us": server_cpu / total * 1e6,
@@ -252,6 +252,7 @@ def main() -> int:
     streams, loop = run(bench_all_streams)
     numbers = {**bench_schedule(), **bench_director(), **streams}
     result = {
+        "percentile_rule": PERCENTILE_RULE,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

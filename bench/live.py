@@ -19,7 +19,7 @@ replays the same trace with its own open-loop client (``bench/live_client.py``),
 
 Time scale: two cores cannot run the scenario's fleet at its real speed. The pods run ``--speedup
 1/k`` (every step and adapter load k times longer) at 1/k of the arrival rate; the virtual runs use
-the same k-times-slower engine (``pointsman_quality.live.time_scaled``), so live and virtual measure
+the same k-times-slower engine (``pointsman_quality.time_scaled``), so live and virtual measure
 one system, in wall seconds. Levels are fractions of the reference contender's capacity (the quality
 bench's definition, searched in virtual time on the unscaled engine, or ``--capacity``).
 
@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,13 +65,21 @@ from pointsman_devstack.ports import free_port
 from pointsman_devstack.process import ManagedProcess
 from pointsman_devstack.readiness import wait_ready
 from pointsman_devstack.stack import LOOPBACK, Stack, StackOptions, StackPorts
-from pointsman_quality import live
+from pointsman_quality import live_report
+from pointsman_quality.agreement import AGREEMENT_METRICS, COMPARED_METRICS, TOLERANCE, agreement
 from pointsman_quality.contenders import BASELINES, POINTSMAN, Contender, contenders
-from pointsman_quality.runs import RunStats, run
+from pointsman_quality.live_fleet import live_scenario, sim_args
+from pointsman_quality.live_stats import RequestResult, live_stats, send_lag
+from pointsman_quality.perf_config import azure_trace, lora_traffic_split, perf_config
+from pointsman_quality.perf_results import as_sent, perf_results
+from pointsman_quality.runs import RunStats
 from pointsman_quality.scenario import Scenario, Variant, engine_configs, load_scenario
-from pointsman_quality.sweep import find_capacity
+from pointsman_quality.sweep import Capacity, CapacityMethod, Sweep
+from pointsman_quality.timescale import time_scaled
+from pointsman_quality.virtual_replay import median_stats, virtual_run
 from pointsman_quality.workload import ModelMix, build_trace
 from pointsman_shared import aio
+from pointsman_shared.stats import PERCENTILE_RULE
 from pointsman_sim.__main__ import build_parser, pod_specs
 from pointsman_sim.engine import EngineConfig
 from pointsman_sim.fleet import TraceRequest, run_fleet
@@ -377,17 +386,17 @@ def perf_run(
     run_dir: Path,
     timeout: float,
     seed: int,
-) -> tuple[list[live.RequestResult], float]:
+) -> tuple[list[RequestResult], float]:
     trace_file = run_dir / "trace.csv"
-    trace_file.write_text(live.azure_trace(trace), encoding="utf-8")
+    trace_file.write_text(azure_trace(trace), encoding="utf-8")
     report = run_dir / "perf-report"
-    config = live.perf_config(
+    config = perf_config(
         base_url=base_url,
         model=scenario.traffic.base_model,
         trace_file=str(trace_file),
         tokenizer_dir=str(tokenizer),
         report_dir=str(report),
-        lora_split=live.lora_traffic_split(scenario),
+        lora_split=lora_traffic_split(scenario),
         duration=duration,
         rate=rate,
         seed=seed,
@@ -404,12 +413,12 @@ def perf_run(
             f"inference-perf exited with {code}, report {'found' if found else 'missing'}:\n{tail}"
         )
     entries = json.loads(found[0].read_text(encoding="utf-8"))
-    return live.perf_results(entries), cpu
+    return perf_results(entries), cpu
 
 
 def builtin_run(
     base_url: str, scenario: Scenario, trace: Sequence[TraceRequest], timeout: float
-) -> list[live.RequestResult]:
+) -> list[RequestResult]:
     base = scenario.traffic.base_model
     lead = trace[0].arrival if trace else 0.0
     requests = [
@@ -535,24 +544,14 @@ def log(message: str) -> None:
     print(f"[bench-live {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def capacity_of(
-    scenario: Scenario, reference: Contender, engines: list[EngineConfig], given: float | None
-) -> tuple[float, str]:
-    if given is not None:
-        return given, "--capacity"
-    spec = scenario.load.capacity
-    duration = scenario.load.duration
-    log(f"searching {reference.name}'s capacity in virtual time ({duration:g} s runs, unscaled engine)")
-    found = find_capacity(
-        lambda rate: run(scenario, reference, engines, rate, duration),
-        spec.start_rps,
-        spec.p99_ttft_below,
-        spec.precision,
-    )
-    return found.rate, (
-        f"virtual search: highest rate with p99 TTFT < {spec.p99_ttft_below:g} s over {duration:g} s runs, "
-        f"{len(found.probes)} probes"
-    )
+def search_capacities(
+    scenario: Scenario, contenders: Sequence[Contender], engines: list[EngineConfig]
+) -> tuple[dict[str, Capacity], CapacityMethod]:
+    """The contenders' capacities as the quality bench finds them (its search, its runs: the
+    scenario's duration and repeats), in virtual time on the unscaled engine."""
+    with ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+        sweep = Sweep(scenario, contenders, pool, levels=(), duration=scenario.load.duration)
+        return sweep.capacities(engines, [c.name for c in contenders]), sweep.method
 
 
 @dataclass
@@ -580,7 +579,7 @@ def live_run(
     timeout: float,
     tokenizer: Path | None,
     seed: int,
-) -> tuple[list[live.RequestResult], dict[str, Any]]:
+) -> tuple[list[RequestResult], dict[str, Any]]:
     """One live run on fresh processes: the results and the CPU record."""
     with started(
         contender.name, contender.kind, config, contender.policy, scenario.fleet.pods, sim_flags, here
@@ -653,65 +652,65 @@ def level_runs(
             continue
         record["client"] = client.name
         record["cpu"] = cpu
-        stats = live.live_stats(rate, trace, results, warmup)
+        stats = live_stats(rate, trace, results, warmup)
         record["live"] = stats.as_dict()
-        record["send_lag_ms"] = live.send_lag(trace, results)
+        record["send_lag_ms"] = send_lag(trace, results)
         errors = sorted({r.error for r in results if not r.ok and r.error})
         if errors:
             record["live_errors"] = errors[:5]
         replayed, matched = (
-            live.as_sent(trace, results, scenario.traffic.base_model)
+            as_sent(trace, results, scenario.traffic.base_model)
             if record["client"] == "inference-perf"
             else (trace, len(trace))
         )
         record["virtual_matched_requests"] = matched
         runs: list[RunStats] = [
-            live.virtual_run(scenario, twin, scaled, replayed, rate, seed, since=warmup)
+            virtual_run(scenario, twin, scaled, replayed, rate, seed, since=warmup)
             for seed in range(args.virtual_seeds)
         ]
-        median = live.median_stats(runs)
+        median = median_stats(runs)
         record["virtual"] = {k: round(v, 6) for k, v in median.items()}
         record["virtual_range"] = {
             name: [
                 round(min(getattr(r, name) for r in runs), 6),
                 round(max(getattr(r, name) for r in runs), 6),
             ]
-            for name in live.COMPARED_METRICS
+            for name in COMPARED_METRICS
         }
-        record["agreement"] = live.agreement(stats, median)
+        record["agreement"] = agreement(stats, median)
         if warmup > 0:
             # The same comparison with the warm-up's requests counted too: the cold start (every
             # adapter loaded from disk, k times slower) is what dominates those.
-            everything = live.live_stats(rate, trace, results)
+            everything = live_stats(rate, trace, results)
             runs_all = [
-                live.virtual_run(scenario, twin, scaled, replayed, rate, seed)
+                virtual_run(scenario, twin, scaled, replayed, rate, seed)
                 for seed in range(args.virtual_seeds)
             ]
-            median_all = live.median_stats(runs_all)
+            median_all = median_stats(runs_all)
             record["with_warmup"] = {
                 "live": everything.as_dict(),
                 "virtual": {k: round(v, 6) for k, v in median_all.items()},
                 "virtual_range": {
                     name: [min(getattr(r, name) for r in runs_all), max(getattr(r, name) for r in runs_all)]
-                    for name in live.AGREEMENT_METRICS
+                    for name in AGREEMENT_METRICS
                 },
-                "agreement": live.agreement(everything, median_all),
+                "agreement": agreement(everything, median_all),
             }
         record["in_seed_range"] = {
             name: lo <= getattr(stats, name) <= hi
             for name, (lo, hi) in record["virtual_range"].items()
-            if name in live.AGREEMENT_METRICS
+            if name in AGREEMENT_METRICS
         }
         if contender.kind == "pointsman":
             stale = [
-                live.virtual_run(scenario, twin, scaled, replayed, rate, seed, STALE_SNAPSHOT_S, warmup)
+                virtual_run(scenario, twin, scaled, replayed, rate, seed, STALE_SNAPSHOT_S, warmup)
                 for seed in range(args.virtual_seeds)
             ]
-            stale_median = live.median_stats(stale)
+            stale_median = median_stats(stale)
             record["virtual_stale"] = {
                 "snapshot_interval_s": STALE_SNAPSHOT_S,
-                **{name: round(stale_median[name], 6) for name in live.AGREEMENT_METRICS},
-                "ratios": live.agreement(stats, stale_median)["ratios"],
+                **{name: round(stale_median[name], 6) for name in AGREEMENT_METRICS},
+                "ratios": agreement(stats, stale_median)["ratios"],
             }
         ratios = record["agreement"]["ratios"]
         log(
@@ -763,17 +762,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.scenario.is_file():
         raise SystemExit(f"no scenario file {args.scenario} (give one with --scenario)")
     loaded = load_scenario(args.scenario)
-    scenario = live.live_scenario(loaded, args.pods)
+    scenario = live_scenario(loaded, args.pods)
     variant = pick_variant(scenario, args.variant)
     engines = engine_configs(scenario, variant)
     engine = one_engine(engines)
     k = args.time_scale
-    scaled = [live.time_scaled(e, k) for e in engines]
+    scaled = [time_scaled(e, k) for e in engines]
     wanted = resolve_contenders([n for n in args.contenders.split(",") if n], scenario)
     reference = scenario.load.reference
     virtual = virtual_contenders(scenario, {c.virtual for c in wanted} | {reference}, args.scenario.parent)
     adapters = ModelMix.of(scenario.traffic).adapters
-    sim_flags = live.sim_args(
+    sim_flags = sim_args(
         engine,
         profile=scenario.fleet.profile,
         model=scenario.traffic.base_model,
@@ -782,15 +781,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check_sim_flags(sim_flags, engine, 1 / k)
 
-    capacity, capacity_source = capacity_of(scenario, virtual[reference], engines, args.capacity)
-    log(f"{reference} capacity {capacity:.1f} req/s unscaled ({capacity_source}); k = {k:g}")
-    # Each other Pointsman contender's own capacity: what a level means for it (given --capacity, none).
-    own = {reference: capacity}
-    if args.capacity is None:
-        for contender in wanted:
-            if contender.kind == "pointsman" and contender.name not in own:
-                own[contender.name] = capacity_of(scenario, virtual[contender.name], engines, None)[0]
-                log(f"{contender.name} capacity {own[contender.name]:.1f} req/s unscaled")
+    if args.capacity is not None:
+        # Given: no search, and no other contender's own capacity.
+        capacity, capacity_source, own = args.capacity, "--capacity", {reference: args.capacity}
+    else:
+        # The reference's capacity, and each other Pointsman contender's own: what a level means for it.
+        names = dict.fromkeys([reference, *(c.name for c in wanted if c.kind == "pointsman")])
+        log(f"searching the capacities of {', '.join(names)} in virtual time (unscaled engine)")
+        found, method = search_capacities(scenario, [virtual[name] for name in names], engines)
+        own = {name: cap.rate for name, cap in found.items()}
+        capacity = own[reference]
+        capacity_source = f"virtual search, {len(found[reference].probes)} probes: {method.text()}"
+        for name, rate in own.items():
+            log(f"{name} capacity {rate:.1f} req/s unscaled")
+    log(f"{reference} capacity {capacity:.1f} req/s unscaled; k = {k:g}")
 
     run_dir = ROOT / ".run" / time.strftime(f"live-%Y%m%d-%H%M%S-{os.getpid()}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -833,6 +837,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         client_note = "the bench's own open-loop client (bench/live_client.py), chosen with --client builtin"
 
     result: dict[str, Any] = {
+        "percentile_rule": PERCENTILE_RULE,
         "scenario": scenario.name,
         "scenario_file": str(args.scenario),
         "variant": variant.name if variant else "",
@@ -852,7 +857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "virtual_seeds": args.virtual_seeds,
             "required": (
                 f"p50 and p90 TTFT of {reference} (the picker's default profile), live / virtual median "
-                f"within {live.TOLERANCE:.0%}, at levels {REQUIRED_LEVELS[0]:g}-{REQUIRED_LEVELS[1]:g} of "
+                f"within {TOLERANCE:.0%}, at levels {REQUIRED_LEVELS[0]:g}-{REQUIRED_LEVELS[1]:g} of "
                 "its capacity; the other contenders' agreement is shown for what it tells"
             ),
             "sim_flags": sim_flags,
@@ -866,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output or RESULTS / f"live-{scenario.name}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    output.with_suffix(".md").write_text(live.markdown(result), encoding="utf-8")
+    output.with_suffix(".md").write_text(live_report.markdown(result), encoding="utf-8")
     log(f"wrote {output} and {output.with_suffix('.md').name}; logs in {run_dir}")
     failed = [
         f"level {lv['level']:g} {name}"

@@ -3,7 +3,7 @@ inference-perf cannot run): an open-loop replay of the scenario's trace over HTT
 
 Request i is sent at ``start + trace[i].arrival`` whatever the earlier ones are doing (Poisson
 arrivals when the scenario's are), as an OpenAI completion with ``stream: true``, the trace's model,
-prompt length (:func:`pointsman_quality.live.prompt_text`: n tokens for the simulator) and
+prompt length (:func:`pointsman_quality.prompts.prompt_text`: n tokens for the simulator) and
 ``max_tokens``. TTFT is from the send to the first SSE event that carries text; TPOT from there to the
 last one, over the tokens after the first (``usage.completion_tokens`` when the server sends it);
 e2e to the end of the body. Everything is bounded: a timeout per request and one for the whole run.
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from pointsman_quality.live import RequestResult, SseStream, prompt_text
+from pointsman_quality.live_stats import RequestResult
+from pointsman_quality.prompts import prompt_text
+from pointsman_quality.sse import SseStream
 
 PATH = "/v1/completions"
 

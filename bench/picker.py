@@ -64,6 +64,7 @@ from pointsman_devstack.redis_server import RedisServer, start_redis
 from pointsman_devstack.stack import StackPorts, derive_config
 from pointsman_shared import aio
 from pointsman_shared.config import PickerConfig, load_config
+from pointsman_shared.stats import PERCENTILE_RULE, PERCENTILE_RULE_TEXT, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "picker.json"
@@ -390,11 +391,6 @@ def http_request(port: int, body: bytes) -> bytes:
     return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -485,12 +481,42 @@ async def python_closed_loop(
 _WRK_SCRIPT = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = [==[%s]==]
-done = function(summary, latency, requests)
+"""
+# wrk's own percentiles take the rank round(p·n + 0.5), not the benches' rule: its done() prints the
+# totals and every latency it recorded (µs, with its count), and the figures are taken here.
+WRK_DONE = """done = function(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format("BENCH %%d %%d %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
-    e.status, e.connect, e.read, e.write, e.timeout, latency:percentile(50), latency:percentile(99)))
+  io.write(string.format("WRK %d %d %d %d %d %d %d\\n", summary.requests, summary.duration,
+    e.status, e.connect, e.read, e.write, e.timeout))
+  for i = 1, #latency do
+    local value, count = latency(i)
+    io.write(string.format("LATENCY %d %d\\n", value, count))
+  end
 end
 """
+
+
+def wrk_figures(output: str) -> dict[str, Any] | None:
+    """What a wrk run with :data:`WRK_DONE` printed: requests, per second, errors, p50 and p99 ms (by
+    the benches' rule over the latencies wrk recorded); ``None`` without its totals line."""
+    totals = None
+    latencies: list[int] = []
+    for line in output.splitlines():
+        if line.startswith("WRK "):
+            totals = [int(x) for x in line.split()[1:]]
+        elif line.startswith("LATENCY "):
+            value, count = (int(x) for x in line.split()[1:])
+            latencies += [value] * count
+    if totals is None:
+        return None
+    requests, micros, non2xx, *socket_errors = totals
+    return {
+        "requests": requests,
+        "errors": non2xx + sum(socket_errors),
+        "per_s": round(requests / (micros / 1e6)),
+        "p50_ms": round(percentile(latencies, 0.5) / 1000, 3) if latencies else None,
+        "p99_ms": round(percentile(latencies, 0.99) / 1000, 3) if latencies else None,
+    }
 
 
 class Load:
@@ -507,7 +533,7 @@ class Load:
             return aio.run(python_closed_loop(port, [body], self.connections, seconds))
         if body not in self._scripts:
             path = self._run_dir / f"wrk-{len(self._scripts)}.lua"
-            path.write_text(_WRK_SCRIPT % body.decode(), encoding="utf-8")
+            path.write_text(_WRK_SCRIPT % body.decode() + WRK_DONE, encoding="utf-8")
             self._scripts[body] = path
         argv = [self.wrk, "-t1", f"-c{self.connections}", f"-d{seconds:g}s", "-s", str(self._scripts[body])]
         argv.append(f"http://{HOST}:{port}{PATH}")
@@ -516,19 +542,10 @@ class Load:
         output = child.stdout.read().decode()
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
-        line = next((ln for ln in output.splitlines() if ln.startswith("BENCH ")), None)
-        if child.returncode != 0 or line is None:
+        figures = wrk_figures(output)
+        if child.returncode != 0 or figures is None:
             raise RuntimeError(f"wrk failed ({child.returncode}):\n{output}")
-        requests, micros, non2xx, *socket_errors, p50, p99 = (int(x) for x in line.split()[1:])
-        return {
-            "requests": requests,
-            "errors": non2xx + sum(socket_errors),
-            "per_s": round(requests / (micros / 1e6)),
-            "p50_ms": round(p50 / 1000, 3),
-            "p99_ms": round(p99 / 1000, 3),
-            "client": "wrk",
-            "wrk_cpu_s": usage.ru_utime + usage.ru_stime,
-        }
+        return figures | {"client": "wrk", "wrk_cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 # -- the runs -------------------------------------------------------------------------------------
@@ -682,6 +699,7 @@ def main() -> int:
     router = routers["round_robin"]
     router_fixed = router["fixed_rate"] if router else {}
     result: dict[str, Any] = {
+        "percentile_rule": PERCENTILE_RULE,
         "cpu_us_per_decision": head["requests_only"]["closed_loop"]["cpu_us_per_request"]["picker"],
         "max_decisions_per_s": head["requests_only"]["closed_loop"]["per_s"],
         "rate": args.rate,
@@ -716,6 +734,7 @@ def main() -> int:
                     f"wrk -t1 -c{args.connections}" if load.wrk else "Python client: wrk is not installed"
                 ),
                 "fixed_rate": "open-loop Python client, latency from each request's send",
+                "percentiles": f"{PERCENTILE_RULE_TEXT} wrk's from every latency it recorded (1 µs steps).",
                 "backend": f"{args.pods} pods: one Envoy, direct responses, /metrics = {METRICS_PAGE.name}",
                 "picker_body": REWRITTEN.decode(),
             },

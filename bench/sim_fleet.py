@@ -13,10 +13,10 @@ import dataclasses
 import json
 import platform
 import random
-import statistics
 import time
 from pathlib import Path
 
+from pointsman_shared.stats import PERCENTILE_RULE, median
 from pointsman_sim.fleet import least_queued, run_fleet
 from pointsman_sim.profiles import load_profile
 from pointsman_sim.traces import sharegpt_like
@@ -35,14 +35,15 @@ def main() -> None:
     wall = time.perf_counter() - started
     served = [s.request for s in result.served]
     numbers = {
+        "percentile_rule": PERCENTILE_RULE,  # medians only here, named for every bench's json alike
         "pods": PODS,
         "requests": REQUESTS,
         "rate_per_s": RATE,
         "wall_seconds": round(wall, 1),
         "simulated_seconds": round(result.ended_at, 1),
         "requests_per_wall_second": round(REQUESTS / wall),
-        "ttft_median_ms": round(1000 * statistics.median(r.time_to_first_token for r in served), 1),
-        "e2e_median_s": round(statistics.median(r.e2e_latency for r in served), 2),
+        "ttft_median_ms": round(1000 * median(r.time_to_first_token for r in served), 1),
+        "e2e_median_s": round(median(r.e2e_latency for r in served), 2),
         "lora_loads_from_disk": sum(t.lora_loads_from_disk for t in result.totals),
         "preemptions": sum(t.preemptions for t in result.totals),
         "python": platform.python_version(),

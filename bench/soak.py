@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,19 +46,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
 from picker import (
+    WRK_DONE,
     Connection,
     calibration_ms,
     cpu_seconds,
     http_request,
     machine_busy_seconds,
-    percentile,
     python_closed_loop,
+    wrk_figures,
 )
 
 from pointsman_devstack import envoy
 from pointsman_devstack.stack import LOOPBACK, SimOptions, Stack, StackOptions, StackPorts
 from pointsman_shared import aio
 from pointsman_shared.config import load_config
+from pointsman_shared.stats import PERCENTILE_RULE, PERCENTILE_RULE_TEXT, mean, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "local.yaml"
@@ -208,11 +209,6 @@ request = function()
   i = i %% #bodies + 1
   return wrk.format("POST", "%s", {["Content-Type"] = "application/json"}, bodies[i])
 end
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("SOAK %%d %%d %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
-    e.status, e.connect, e.read, e.write, e.timeout, latency:percentile(50), latency:percentile(99)))
-end
 """
 
 
@@ -221,22 +217,14 @@ def wrk_closed_loop(port: int, seconds: float, connections: int, run_dir: Path) 
     wrk = shutil.which("wrk")
     assert wrk is not None
     script = run_dir / "soak.lua"
-    script.write_text(_WRK_SCRIPT % (", ".join(f"[==[{b.decode()}]==]" for b in BODIES), PATH))
+    script.write_text(_WRK_SCRIPT % (", ".join(f"[==[{b.decode()}]==]" for b in BODIES), PATH) + WRK_DONE)
     argv = [wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script)]
     argv.append(f"http://{LOOPBACK}:{port}{PATH}")
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SOAK ")), None)
-    if done.returncode != 0 or line is None:
+    figures = wrk_figures(done.stdout)
+    if done.returncode != 0 or figures is None:
         raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    requests, micros, non2xx, *socket_errors, p50, p99 = (int(x) for x in line.split()[1:])
-    return {
-        "client": f"wrk -t1 -c{connections}",
-        "requests": requests,
-        "errors": non2xx + sum(socket_errors),
-        "per_s": round(requests / (micros / 1e6)),
-        "p50_ms": round(p50 / 1000, 3),
-        "p99_ms": round(p99 / 1000, 3),
-    }
+    return {"client": f"wrk -t1 -c{connections}", **figures}
 
 
 # -- sampling -------------------------------------------------------------------------------------
@@ -402,7 +390,7 @@ def trend(values: list[float], times: list[float]) -> dict[str, float]:
     """The least-squares line's rise over the span and its standard error, and the means of the first
     and last thirds."""
     n = len(values)
-    mean_t, mean_v = statistics.fmean(times), statistics.fmean(values)
+    mean_t, mean_v = mean(times), mean(values)
     var = sum((t - mean_t) ** 2 for t in times)
     slope = sum((t - mean_t) * (v - mean_v) for t, v in zip(times, values, strict=True)) / var if var else 0.0
     residuals = [v - mean_v - slope * (t - mean_t) for t, v in zip(times, values, strict=True)]
@@ -415,8 +403,8 @@ def trend(values: list[float], times: list[float]) -> dict[str, float]:
         "max": max(values),
         "rise": round(slope * span, 2),
         "rise_se": round(slope_se * span, 2),
-        "first_third_mean": round(statistics.fmean(values[:third]), 2),
-        "last_third_mean": round(statistics.fmean(values[-third:]), 2),
+        "first_third_mean": round(mean(values[:third]), 2),
+        "last_third_mean": round(mean(values[-third:]), 2),
     }
 
 
@@ -587,6 +575,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"measured sample is within {RSS_BAND:.0%} of the first one after the warm-up. Every sample is in "
         "`soak.json`.",
         "",
+        f"{PERCENTILE_RULE_TEXT} The closed loop's (wrk) are taken from every latency wrk recorded, by "
+        "the same rule.",
+        "",
     ]
     return "\n".join(lines)
 
@@ -753,6 +744,7 @@ def main() -> int:
     samples = run["samples"]
     loads = [s["loadavg"][0] for s in samples]
     result: dict[str, Any] = {
+        "percentile_rule": PERCENTILE_RULE,
         "started": started,
         "command": " ".join(["bench/soak.py", *_without_note(sys.argv[1:])]),
         "code": code,

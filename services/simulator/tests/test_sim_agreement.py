@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 
 import pytest
 
+from pointsman_shared.stats import median
 from pointsman_sim.engine import FinishedRequest
 from pointsman_sim.fleet import RoundRobin, TraceRequest, run_fleet
 from pointsman_sim.pod import PodSpec, SimPod
@@ -57,6 +57,6 @@ async def test_real_time_and_virtual_time_medians_agree() -> None:
     real = await real_time(requests)
     assert len(real) == len(virtual) == len(requests)
     for measure in ("time_to_first_token", "e2e_latency"):
-        real_median = statistics.median(getattr(r, measure) for r in real)
-        virtual_median = statistics.median(getattr(r, measure) for r in virtual)
+        real_median = median(getattr(r, measure) for r in real)
+        virtual_median = median(getattr(r, measure) for r in virtual)
         assert real_median == pytest.approx(virtual_median, rel=0.15), measure

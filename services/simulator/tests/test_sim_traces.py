@@ -2,15 +2,15 @@ from __future__ import annotations
 
 import itertools
 import random
-import statistics
 
+from pointsman_shared.stats import mean
 from pointsman_sim.traces import fixed, sharegpt_like
 
 
 def test_sharegpt_like_lengths_average_the_published_means() -> None:
     trace = sharegpt_like(random.Random(0), 20_000, rate=10.0, adapters=("a", None))
-    assert 185 < statistics.mean(r.prompt_tokens for r in trace) < 220  # published 202
-    assert 165 < statistics.mean(r.max_tokens for r in trace) < 195  # published 179
+    assert 185 < mean(r.prompt_tokens for r in trace) < 220  # published 202
+    assert 165 < mean(r.max_tokens for r in trace) < 195  # published 179
     assert 1_900 < trace[-1].arrival < 2_100  # Poisson at 10/s
     assert all(a.arrival <= b.arrival for a, b in itertools.pairwise(trace))
     assert {r.adapter for r in trace} == {"a", None}

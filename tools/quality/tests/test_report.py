@@ -11,13 +11,16 @@ from quality_builders import scenario, stats
 from pointsman_quality import report
 from pointsman_quality.scenario import Target
 from pointsman_quality.sweep import Capacity, VariantResult
+from pointsman_shared.stats import PERCENTILE_RULE_TEXT
 
 
 def result() -> VariantResult:
     return VariantResult(
         "v4",
         capacity={
-            "best": Capacity(400.0),
+            "best": Capacity(
+                400.0, probes=(stats(rate=200.0), stats(rate=400.0), stats(rate=800.0, unserved=5))
+            ),
             "ref": Capacity(300.0),
             "rr": Capacity(20.0, lower_bound_only=True),
         },
@@ -59,7 +62,8 @@ def test_a_target_of_a_contender_not_run_checks_nothing() -> None:
 
 def test_the_summary_has_the_shape_other_tools_read() -> None:
     doc = report.summary(scenario(), result())
-    assert set(doc) == {"scenario", "variant", "pods", "capacity_rps", "levels"}
+    assert set(doc) == {"percentile_rule", "scenario", "variant", "pods", "capacity_rps", "levels"}
+    assert doc["percentile_rule"] == "nearest-rank"
     assert doc["capacity_rps"] == {"best": 400.0, "ref": 300.0, "rr": 20.0}
     level = doc["levels"][0]
     assert level["load"] == 0.5
@@ -86,11 +90,40 @@ def test_write_makes_the_markdown_the_json_the_summary_and_the_plots(tmp_path: P
         "quality-tiny-v4-throughput.png",
     }
     text = (tmp_path / "quality-tiny.md").read_text()
+    assert "How capacity was found: capacity = the highest arrival rate with p99 TTFT under 2 s" in text
+    assert "| best | 400.0 | - | 200 ✓ 400 ✓ 800 ✗ | none |" in text
+    # ref's capacity is 300, and its level runs at 10 req/s pass: they agree.
+    assert "| ref | 300.0 | - | - | none |" in text
     assert "## Targets: 1 of 2 checks met" in text
     assert "**missed**" in text
-    assert "| rr | 20.0 (at least) | - |" in text  # no contender named round-robin here
+    assert "| rr | 20.0 (at least) | - | - | none |" in text  # no contender named round-robin here
     assert "![quality-tiny-v4-ttft-p90](quality-tiny-v4-ttft-p90.png)" in text
+    assert PERCENTILE_RULE_TEXT in text
     doc = json.loads((tmp_path / "quality-tiny.json").read_text())
+    assert doc["percentile_rule"] == "nearest-rank"
+    assert doc["capacity_method"]["seeds"] == ["3:0"]
+    assert doc["capacity_method"]["probes_are_level_runs"] is True
+    search = doc["variants"][0]["capacity_search"]
+    assert [(p["rate"], p["passed"]) for p in search["best"]["probes"]] == [
+        (200, True),
+        (400, True),
+        (800, False),
+    ]
+    assert search["best"]["level_runs_against"] == []
     assert doc["variants"][0]["capacity_is_lower_bound"] == ["rr"]
     assert [t["met"] for t in doc["targets"]] == [True, False]
     assert (tmp_path / "quality-tiny-v4-ttft-p90.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_level_run_against_its_capacity_is_shown(tmp_path: Path) -> None:
+    got = result()
+    got.levels.append((1.1, {"best": stats(rate=440.0), "ref": stats(rate=330.0, ttft_p99_s=0.3)}))
+    s = scenario(load={"reference": "ref"})
+    report.write(
+        tmp_path, s, [got], {"quick": True, "duration_s": 2.0, "runs": 9, "wall_s": 1.0}, with_plots=False
+    )
+    text = (tmp_path / "quality-tiny.md").read_text()
+    assert "**load 1.1 (440.0 req/s) passed**" in text  # above best's 400
+    doc = json.loads((tmp_path / "quality-tiny.json").read_text())
+    (run,) = doc["variants"][0]["capacity_search"]["ref"]["level_runs_against"]
+    assert (run["load"], run["rate"], run["passed"]) == (1.1, 330.0, True)

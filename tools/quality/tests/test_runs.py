@@ -1,4 +1,4 @@
-"""One run's figures: percentiles, and repeats pooled."""
+"""One run's figures: the latency percentiles, and repeats pooled."""
 
 from __future__ import annotations
 
@@ -8,24 +8,26 @@ import pytest
 from quality_builders import scenario
 
 from pointsman_quality.contenders import contenders
-from pointsman_quality.runs import percentile, run
+from pointsman_quality.runs import latency_figures, run, stats
 from pointsman_quality.scenario import engine_configs
+from pointsman_quality.sweep import passes
+from pointsman_sim.engine import FinishedRequest
+from pointsman_sim.fleet import FleetResult, Served
 
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 
 
-@pytest.mark.parametrize(
-    ("values", "p", "expected"),
-    [
-        ([], 0.5, 0.0),
-        ([1.0], 0.99, 1.0),
-        ([1.0, 2.0, 3.0, 4.0], 0.5, 2.0),
-        (list(range(1, 101)), 0.9, 90),
-        (list(range(1, 101)), 0.99, 99),
-    ],
-)
-def test_nearest_rank_percentiles(values, p, expected) -> None:
-    assert percentile(values, p) == expected
+def test_latency_figures_take_the_shared_rule_and_are_zero_without_requests() -> None:
+    ttft = [float(i) for i in range(1, 101)]
+    figures = latency_figures(reversed(ttft), [0.5, 0.1], iter([3.0]))
+    assert figures == {
+        "ttft_p50_s": 50.0,
+        "ttft_p90_s": 90.0,
+        "ttft_p99_s": 99.0,
+        "tpot_p90_s": 0.5,
+        "e2e_p90_s": 3.0,
+    }
+    assert set(latency_figures([], [], []).values()) == {0.0}
 
 
 def test_repeats_pool_other_samples_of_the_same_traffic() -> None:
@@ -41,3 +43,16 @@ def test_repeats_pool_other_samples_of_the_same_traffic() -> None:
     assert pooled.finished + pooled.rejected == pooled.requests
     director = run(s, by_name["pointsman-423"], engines, 20.0, 3.0, repeats=2)
     assert director.finished == director.requests
+
+
+def fleet_result(served: int, rejected: int) -> FleetResult:
+    done = tuple(Served(0, FinishedRequest(f"r{i}", 10, 5, 0.0, 0.1, 0.5)) for i in range(served))
+    return FleetResult(done, rejected=rejected, shed=0, totals=(), ended_at=1.0)
+
+
+def test_a_request_refused_in_one_of_two_repeats_is_not_rounded_away() -> None:
+    # 9 requests over two repeats, one refused: per repeat 4.5 requests and 4 finished, both round to 4.
+    pooled = stats(10.0, 9, [fleet_result(4, 0), fleet_result(4, 1)], pods=1)
+    assert (pooled.requests, pooled.finished, pooled.rejected) == (4, 4, 0)
+    assert pooled.unserved == 1
+    assert not passes(pooled, 2.0)

@@ -36,13 +36,29 @@ def test_the_trace_follows_the_shares_and_the_rate() -> None:
     assert [r.arrival for r in trace] == sorted(r.arrival for r in trace)
 
 
-def test_every_rate_sends_the_same_requests_only_faster() -> None:
-    s = scenario()
+@pytest.mark.parametrize(
+    "arrivals", [{"process": "poisson"}, {"process": "on-off", "peakFactor": 3, "onSeconds": 2}]
+)
+def test_every_rate_sends_the_same_requests_only_sooner(arrivals) -> None:
+    """One sample of the traffic scaled to each rate: a run at a higher rate differs from one at a
+    lower rate in the load alone, so a capacity search reads each rate's verdict as the load's."""
+    s = scenario(traffic={"adapters": [{"prefix": "a", "count": 2, "share": 1}], "arrivals": arrivals})
     slow, fast = build_trace(s, 10.0, 20.0), build_trace(s, 40.0, 20.0)
-    shared = min(len(slow), len(fast))
-    strip = [(r.prompt_tokens, r.max_tokens, r.adapter) for r in slow[:shared]]
-    assert strip == [(r.prompt_tokens, r.max_tokens, r.adapter) for r in fast[:shared]]
+    assert len(fast) > 3 * len(slow)
+    strip = [(r.prompt_tokens, r.max_tokens, r.adapter) for r in slow]
+    assert strip == [(r.prompt_tokens, r.max_tokens, r.adapter) for r in fast[: len(slow)]]
+    if arrivals["process"] == "poisson":  # the i-th request comes 4 times sooner
+        assert [r.arrival * 4 for r in fast[: len(slow)]] == pytest.approx(
+            [r.arrival for r in slow], rel=1e-12
+        )
+    else:  # within its burst, 4 times sooner
+        slow_in = [(r.arrival // 6, r.arrival % 6) for r in slow]
+        fast_in = [(r.arrival // 6, r.arrival % 6) for r in fast]
+        for burst in range(4):
+            first = [at for b, at in slow_in if b == burst]
+            assert [at * 4 for b, at in fast_in if b == burst][: len(first)] == pytest.approx(first, rel=1e-9)
     assert build_trace(s, 10.0, 20.0) == slow  # and the same seed gives the same trace
+    assert build_trace(s, 10.0, 20.0, repeat=1) != slow  # another repeat, another sample
 
 
 def test_on_off_arrivals_come_in_bursts_at_the_peak_rate_with_the_same_mean() -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pointsman_shared.stats import mean, median
 from pointsman_sim.engine import BLOCK_SIZE, Engine, EngineConfig
 from pointsman_sim.fleet import FleetResult, RoundRobin, TraceRequest, run_fleet
 from pointsman_sim.profiles import load_profile
@@ -66,7 +66,7 @@ def check_1() -> list[Measurement]:
     out = []
     for concurrent in (1, 10):
         result = _one_pod(h100(), fixed(concurrent, 128, 128))
-        itl = statistics.mean(_tpots_ms(result))
+        itl = mean(_tpots_ms(result))
         out.append(_within(1, f"8B/H100 ITL ms, {concurrent} concurrent", itl, 7.2, 0.25))
     return out
 
@@ -77,7 +77,7 @@ def check_2() -> list[Measurement]:
         _within(
             2,
             "8B/H100 mean TPOT ms, ShareGPT Poisson 32 req/s",
-            statistics.mean(_tpots_ms(result)),
+            mean(_tpots_ms(result)),
             13.5,
             0.25,
         )
@@ -92,7 +92,7 @@ def check_3() -> list[Measurement]:
         _within(
             3,
             "8B/H100 median TPOT ms, 5,000 ShareGPT at once",
-            statistics.median(_tpots_ms(result)),
+            median(_tpots_ms(result)),
             25.6,
             0.25,
         ),

@@ -107,6 +107,7 @@ def run_scenario(path: Path, args: argparse.Namespace, executor: ProcessPoolExec
         "duration_s": duration,
         "repeats": scenario.load.repeats,
         "runs": sweep.runs,
+        "level_runs_that_were_probes": sweep.reused,
         "wall_s": round(time.monotonic() - started, 1),
         "python": platform.python_version(),
     }

@@ -1,8 +1,9 @@
 """What a sweep found, written down: the targets checked, a Markdown report with PNG plots, and JSON.
 
-- ``quality-SCENARIO.md``: per variant, the capacities, a table per load level, the plots; then the
-  scenario's targets, each marked met or missed.
-- ``quality-SCENARIO.json``: every figure of every run.
+- ``quality-SCENARIO.md``: how capacity was found; the scenario's targets, each marked met or missed;
+  then per variant the capacities with each search's probes and any level run against them, the
+  plots, and a table per load level.
+- ``quality-SCENARIO.json``: every figure of every run, the capacity method, each search's probes.
 - ``quality-summary.json``: one variant in the fixed shape other tools read (the scenario's
   ``summaryVariant``).
 """
@@ -18,7 +19,8 @@ from typing import Any
 
 from pointsman_quality.runs import RunStats
 from pointsman_quality.scenario import TARGET_METRICS, Scenario, Target
-from pointsman_quality.sweep import VariantResult
+from pointsman_quality.sweep import CapacityMethod, VariantResult, contradictions, passes
+from pointsman_shared.stats import PERCENTILE_RULE, PERCENTILE_RULE_TEXT
 
 SUMMARY_FIELDS = tuple(name for name in TARGET_METRICS if name != "capacity")  # per level
 
@@ -97,6 +99,7 @@ def _compare(target: Target, variant: str, level: float | None, values: Mapping[
 
 def summary(scenario: Scenario, result: VariantResult) -> dict[str, Any]:
     return {
+        "percentile_rule": PERCENTILE_RULE,
         "scenario": scenario.name,
         "variant": result.variant,
         "pods": scenario.fleet.pods,
@@ -114,18 +117,45 @@ def summary(scenario: Scenario, result: VariantResult) -> dict[str, Any]:
     }
 
 
+def _verdict(stats: RunStats, bound: float, **where: float) -> dict[str, Any]:
+    return {
+        **where,
+        "rate": _round(stats.rate),
+        "ttft_p99_s": _round(stats.ttft_p99_s),
+        "unserved": stats.unserved,
+        "passed": passes(stats, bound),
+    }
+
+
+def _searches(result: VariantResult, bound: float) -> dict[str, Any]:
+    """Each contender's probes in the order run, and the level runs whose verdict contradicts its
+    capacity."""
+    against = contradictions(result, bound)
+    return {
+        name: {
+            "probes": [_verdict(p, bound) for p in cap.probes],
+            "level_runs_against": [_verdict(s, bound, load=level) for level, s in against.get(name, [])],
+        }
+        for name, cap in result.capacity.items()
+    }
+
+
 def full(
     scenario: Scenario, results: Sequence[VariantResult], checks: Sequence[Check], info: Mapping[str, Any]
 ) -> dict[str, Any]:
+    method = CapacityMethod.of(scenario, info["duration_s"])
     return {
+        "percentile_rule": PERCENTILE_RULE,
         "scenario": scenario.name,
         "pods": scenario.fleet.pods,
         **info,
+        "capacity_method": method.as_dict(),
         "variants": [
             {
                 "variant": r.variant,
                 "capacity_rps": {n: round(c.rate, 2) for n, c in r.capacity.items()},
                 "capacity_is_lower_bound": sorted(n for n, c in r.capacity.items() if c.lower_bound_only),
+                "capacity_search": _searches(r, method.p99_ttft_below),
                 "levels": [
                     {
                         "load": level,
@@ -208,6 +238,8 @@ def markdown(
     plots: Mapping[str, Sequence[Path]],
     info: Mapping[str, Any],
 ) -> str:
+    method = CapacityMethod.of(scenario, info["duration_s"])
+    bound = method.p99_ttft_below
     lines = [f"# Routing quality: `{scenario.name}`", ""]
     if scenario.description:
         lines += [scenario.description.strip(), ""]
@@ -215,10 +247,14 @@ def markdown(
         f"Virtual time (the simulator's fleet driver, the picker's own Director for Pointsman's contenders); "
         f"{scenario.fleet.pods} pods of `{scenario.fleet.profile}`; {info['duration_s']:g} s of arrivals per "
         f"run, {info.get('repeats', 1)} repeat(s) pooled per figure; seed {scenario.seed}; "
-        f"capacity = the highest rate with p99 TTFT under "
-        f"{scenario.load.capacity.p99_ttft_below:g} s; load = a fraction of `{scenario.load.reference}`'s "
-        f"capacity. {info['runs']} runs in {info['wall_s']:.0f} s of wall time"
-        + (" (QUICK: fewer levels, shorter runs)." if info.get("quick") else "."),
+        f"load = a fraction of `{scenario.load.reference}`'s capacity. {info['runs']} runs "
+        f"({info.get('level_runs_that_were_probes', 0)} level runs were probes) in {info['wall_s']:.0f} s "
+        "of wall time" + (" (QUICK: fewer levels, shorter runs)." if info.get("quick") else "."),
+        "",
+        f"How capacity was found: {method.text()}. Each contender's probes are listed beside its "
+        "capacity (req/s, ✓ passed, ✗ failed), with any level run whose verdict contradicts it.",
+        "",
+        PERCENTILE_RULE_TEXT,
         "",
     ]
     if checks:
@@ -236,11 +272,20 @@ def markdown(
         title = f"variant `{result.variant}`" if result.variant else "results"
         lines += [f"## {title}", ""]
         rr = result.capacity.get("round-robin")
-        lines += ["| contender | capacity (req/s) | x round-robin |", "|---|---|---|"]
+        against = contradictions(result, bound)
+        lines += [
+            "| contender | capacity (req/s) | x round-robin | probes | level runs against it |",
+            "|---|---|---|---|---|",
+        ]
         for name, cap in sorted(result.capacity.items(), key=lambda kv: -kv[1].rate):
             times = f"{cap.rate / rr.rate:.1f}" if rr and rr.rate else "-"
-            bound = " (at least)" if cap.lower_bound_only else ""
-            lines.append(f"| {name} | {cap.rate:.1f}{bound} | {times} |")
+            at_least = " (at least)" if cap.lower_bound_only else ""
+            probes = " ".join(f"{p.rate:g} {'✓' if passes(p, bound) else '✗'}" for p in cap.probes) or "-"
+            contrary = "; ".join(
+                f"**load {level:g} ({run.rate:.1f} req/s) {'passed' if passes(run, bound) else 'failed'}**"
+                for level, run in against.get(name, [])
+            )
+            lines.append(f"| {name} | {cap.rate:.1f}{at_least} | {times} | {probes} | {contrary or 'none'} |")
         lines.append("")
         for path in plots.get(result.variant, ()):
             lines += [f"![{path.stem}]({path.name})", ""]

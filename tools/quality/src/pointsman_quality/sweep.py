@@ -1,20 +1,28 @@
 """A scenario's whole benchmark: every contender's capacity, then every contender at every load level.
 
-Capacity is the highest arrival rate whose p99 TTFT stays under the scenario's bound: doubling from
-``startRps`` until a rate fails, then bisecting to the scenario's precision. Load levels are fractions
-of the reference contender's capacity. Runs are independent, so they go to a process pool.
+Capacity is the highest arrival rate that meets the scenario's criterion (:func:`passes`: p99 TTFT
+under the bound, every request served): doubling from ``startRps`` until a rate fails, then bisecting
+to the scenario's precision. A probe is a run like any level run: the same duration, repeats and seeds,
+no warm-up in either, and one run per contender and rate (a level at a probed rate is that probe). As
+a trace at a higher rate carries the same requests sooner (:mod:`pointsman_quality.workload`), a rate's
+verdict is the load's, not the luck of its own sample. Every level run is judged by the same
+criterion afterwards, and one that contradicts its contender's capacity is reported
+(:func:`contradictions`). Load levels are fractions of the reference contender's capacity. Runs are
+independent, so they go to a process pool.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from pointsman_quality.contenders import Contender
-from pointsman_quality.runs import RunStats, run
+from pointsman_quality.runs import RunStats, canonical_rate, run
 from pointsman_quality.scenario import Scenario, Variant
 from pointsman_sim.engine import EngineConfig
 
@@ -39,9 +47,57 @@ class VariantResult:
     levels: list[tuple[float, dict[str, RunStats]]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class CapacityMethod:
+    """How the capacities of a sweep were found: the criterion, the search and the runs it judged."""
+
+    p99_ttft_below: float
+    start_rps: float
+    precision: float
+    duration: float
+    repeats: int
+    seed: int
+
+    @classmethod
+    def of(cls, scenario: Scenario, duration: float) -> CapacityMethod:
+        spec = scenario.load.capacity
+        return cls(
+            spec.p99_ttft_below,
+            spec.start_rps,
+            spec.precision,
+            duration,
+            scenario.load.repeats,
+            scenario.seed,
+        )
+
+    def text(self) -> str:
+        return (
+            f"capacity = the highest arrival rate with p99 TTFT under {self.p99_ttft_below:g} s and every "
+            f"request served (none shed or refused), found by doubling from {self.start_rps:g} req/s until "
+            f"a rate fails, then bisecting to {self.precision:.0%}; each probe is a run like a level's: "
+            f"{self.duration:g} s of arrivals, {self.repeats} repeat(s) pooled (traffic and router draws "
+            f"of seed {self.seed}, repeats {', '.join(map(str, range(self.repeats)))}), no warm-up; a level "
+            "at a probed rate is that probe, and every level run is judged by the same criterion"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "criterion": f"ttft_p99_s < {self.p99_ttft_below:g} and unserved == 0",
+            "p99_ttft_below_s": self.p99_ttft_below,
+            "start_rps": self.start_rps,
+            "precision": self.precision,
+            "search": "double from start_rps until a rate fails, then bisect",
+            "duration_s": self.duration,
+            "repeats": self.repeats,
+            "seeds": [f"{self.seed}:{repeat}" for repeat in range(self.repeats)],
+            "warmup_s": 0.0,
+            "probes_are_level_runs": True,
+        }
+
+
 def passes(stats: RunStats, bound: float) -> bool:
     # A run that sheds or refuses requests has not served that load.
-    return stats.ttft_p99_s < bound and stats.rejected == 0 and stats.finished == stats.requests
+    return stats.ttft_p99_s < bound and stats.unserved == 0
 
 
 def find_capacity(
@@ -80,6 +136,26 @@ def find_capacity(
     return Capacity(good, probes=tuple(probes))
 
 
+def contradictions(result: VariantResult, bound: float) -> dict[str, list[tuple[float, RunStats]]]:
+    """Per contender, the level runs whose verdict contradicts its capacity: one passing above it
+    (unless the capacity is only a lower bound) or failing at or below it; ``(level, run)`` pairs."""
+    found: dict[str, list[tuple[float, RunStats]]] = {}
+    for name, capacity in result.capacity.items():
+        against = []
+        for level, runs in result.levels:
+            stats = runs.get(name)
+            if stats is None:
+                continue
+            above = stats.rate > canonical_rate(capacity.rate)
+            if (passes(stats, bound) and above and not capacity.lower_bound_only) or (
+                not passes(stats, bound) and not above
+            ):
+                against.append((level, stats))
+        if against:
+            found[name] = against
+    return found
+
+
 class Sweep:
     """Runs a scenario's variants; ``executor`` spreads the runs over processes."""
 
@@ -97,16 +173,29 @@ class Sweep:
         self._executor = executor
         self._levels = tuple(levels)
         self._duration = duration
+        self._done: dict[tuple[str, float], Future[RunStats]] = {}  # this variant's runs
+        self._lock = threading.Lock()  # the capacity searches submit from threads of their own
         self.runs = 0  # how many runs so far
+        self.reused = 0  # level runs that were a probe's run
+
+    @property
+    def method(self) -> CapacityMethod:
+        return CapacityMethod.of(self._scenario, self._duration)
 
     def _runs(self, jobs: Iterable[tuple[Contender, list[EngineConfig], float]]) -> list[RunStats]:
-        futures: list[Future[RunStats]] = [
-            self._executor.submit(
-                run, self._scenario, contender, engines, rate, self._duration, self._scenario.load.repeats
-            )
-            for contender, engines, rate in jobs
-        ]
-        self.runs += len(futures)
+        futures = []
+        with self._lock:
+            for contender, engines, rate in jobs:
+                key = (contender.name, canonical_rate(rate))
+                if key in self._done:
+                    self.reused += 1
+                else:
+                    repeats = self._scenario.load.repeats
+                    self._done[key] = self._executor.submit(
+                        run, self._scenario, contender, engines, rate, self._duration, repeats
+                    )
+                    self.runs += 1
+                futures.append(self._done[key])
         return [f.result() for f in futures]
 
     def capacities(self, engines: list[EngineConfig], names: Iterable[str]) -> dict[str, Capacity]:
@@ -135,10 +224,21 @@ class Sweep:
         names = list(self._contenders)
         if reference not in self._contenders:
             raise ValueError(f"the reference contender {reference!r} is not among the contenders")
+        self._done = {}  # another variant, other engines
         result.capacity = self.capacities(engines, names)
         base = result.capacity[reference].rate
         jobs = [(self._contenders[n], engines, level * base) for level in self._levels for n in names]
         stats = iter(self._runs(jobs))
         for level in self._levels:
             result.levels.append((level, {n: next(stats) for n in names}))
+        for name, against in contradictions(result, self._scenario.load.capacity.p99_ttft_below).items():
+            log.warning(
+                "%s%s: level runs against its capacity %.1f req/s: %s",
+                result.variant and f"{result.variant} / ",
+                name,
+                result.capacity[name].rate,
+                ", ".join(
+                    f"{level:g} ({s.rate:.1f} req/s, p99 TTFT {s.ttft_p99_s:.2f} s)" for level, s in against
+                ),
+            )
         return result

@@ -1,7 +1,8 @@
 """A scenario's traffic as an arrival trace for the fleet driver, at any mean rate.
 
 The i-th request has the same lengths and model at every rate (they come from their own random
-stream), so runs at different rates differ only in how fast the same requests arrive.
+stream), and its arrival is the same point of one unit-rate sample scaled to the rate: runs at
+different rates differ only in how fast the same requests arrive.
 """
 
 from __future__ import annotations
@@ -60,27 +61,34 @@ class _Draw:
         return self._names[min(i, len(self._names) - 1)]
 
 
-def arrivals(scenario: Scenario, rate: float, duration: float, rng: random.Random) -> list[float]:
-    """Arrival times over ``duration`` seconds at a mean of ``rate`` per second."""
+def arrivals(scenario: Scenario, rate: float, duration: float, stream: str) -> list[float]:
+    """Arrival times over ``duration`` seconds at a mean of ``rate`` per second: one sample of a
+    unit-rate process (drawn from ``stream``) scaled to ``rate``, so that at a higher rate the same
+    arrivals come sooner and more follow. Runs at two rates differ only in the load, never in the
+    luck of the draw; a capacity search can then read a rate's verdict as the load's."""
     spec = scenario.traffic.arrivals
-    times: list[float] = []
     if spec.process == "poisson":
-        now = rng.expovariate(rate)
-        while now < duration:
-            times.append(now)
-            now += rng.expovariate(rate)
-        return times
-    # on-off: Poisson at peak x rate during each burst, then silence, so the mean stays `rate`.
+        return _poisson(random.Random(stream), rate, 0.0, duration)
+    # on-off: Poisson at peak x rate during each burst, then silence, so the mean stays `rate`; each
+    # burst draws from a stream of its own, so it holds the same arrivals at every rate.
     peak = rate * spec.peak_factor
     period = spec.on_seconds * spec.peak_factor
-    start = 0.0
-    while start < duration:
-        now = start + rng.expovariate(peak)
+    times: list[float] = []
+    burst = 0
+    while (start := burst * period) < duration:
         end = min(start + spec.on_seconds, duration)
-        while now < end:
-            times.append(now)
-            now += rng.expovariate(peak)
-        start += period
+        times += _poisson(random.Random(f"{stream}:{burst}"), peak, start, end)
+        burst += 1
+    return times
+
+
+def _poisson(rng: random.Random, rate: float, start: float, end: float) -> list[float]:
+    """Poisson arrivals at ``rate`` in ``[start, end)``: the unit-rate sample's points over ``rate``."""
+    times = []
+    unit = rng.expovariate(1.0)
+    while (now := start + unit / rate) < end:
+        times.append(now)
+        unit += rng.expovariate(1.0)
     return times
 
 
@@ -90,7 +98,7 @@ def build_trace(scenario: Scenario, rate: float, duration: float, repeat: int = 
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
     traffic = scenario.traffic
-    times = arrivals(scenario, rate, duration, random.Random(f"{scenario.seed}:{repeat}:arrivals:{rate!r}"))
+    times = arrivals(scenario, rate, duration, f"{scenario.seed}:{repeat}:arrivals")
     shapes = random.Random(f"{scenario.seed}:{repeat}:requests")
     draw = ModelMix.of(traffic).drawer()
     trace = []
