@@ -54,7 +54,9 @@ def changes(n: int) -> st.SearchStrategy[dict[int, int]]:
 
 
 REQUESTS = st.tuples(
-    st.builds(SchedulingRequest, st.sampled_from(TARGETS), st.booleans()),
+    st.builds(
+        lambda target, critical: SchedulingRequest(target, critical), st.sampled_from(TARGETS), st.booleans()
+    ),
     st.builds(
         lambda pending, recent: state(pending=pending, recent_targets=recent),
         st.dictionaries(

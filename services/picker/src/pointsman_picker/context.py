@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from pointsman_picker.resolution import Resolution
 from pointsman_picker.scheduling import SchedulingRequest
@@ -13,8 +13,7 @@ from pointsman_picker.scheduling import SchedulingRequest
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class RequestContext:
+class RequestContext(NamedTuple):
     """One request as the ext_proc stream hands it over once its body is complete. ``headers`` are the
     request's, by lower-case name; ``body`` is ``None`` for a request without one (routed without a
     model); ``objective`` is the InferenceObjective its header names; ``explain`` asks for the path
@@ -22,13 +21,12 @@ class RequestContext:
 
     request_id: str
     body: bytes | None
-    headers: Mapping[str, str] = field(default_factory=lambda: NO_HEADERS)
+    headers: Mapping[str, str] = NO_HEADERS
     objective: str | None = None
     explain: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Resolved:
+class Resolved(NamedTuple):
     """A request whose model is resolved: what to schedule, what to forward and how to count it.
 
     ``model`` and ``target`` are metric labels (bounded: a model passed through as asked is ``other``

@@ -17,7 +17,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pointsman_picker import errors
 from pointsman_picker.body import parse_body, with_model
@@ -69,8 +69,7 @@ def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pod
     return (fresh, False) if fresh else (snapshot.pods, True)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidates:
+class Candidates(NamedTuple):
     """The pods a request may go to at ``now``: ``pods`` (indexed for the filters) with each one's
     position by address; ``stale`` when no pod was fresh and all are used. With no pod at all,
     ``fallback`` is the endpoint FailOpen sends the request to."""
@@ -105,8 +104,7 @@ class UsablePods:
         return Candidates(self._pods, self._positions, self._stale, now)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """What scheduling made of a request: its pod or why it was dropped, the request's cycle state
     (the plugins' data, which the hooks after the pick read), and the path taken when asked for."""
 
@@ -150,7 +148,9 @@ class Director:
         )
         reuse = self._profile.lifecycle.by_spec() if self._profile is not None else None
         self._profile = build_profile(config, reuse)
-        self._lifecycle = self._profile.lifecycle
+        self._lifecycle = lifecycle = self._profile.lifecycle
+        # The hooks, looped over here: a call per request saved for each.
+        self._prepare, self._picked, self._finished = lifecycle.hooks()
         self.profile = self._profile.name  # the label of decisions
         self._max_staleness = config.picker.max_staleness
         self._usable = UsablePods(self._max_staleness)
@@ -230,7 +230,9 @@ class Director:
         request, now = resolved.request, candidates.now
         state = CycleState()
         state[POSITIONS] = candidates.positions
-        pods = self._lifecycle.prepare(request, candidates.pods, state, now)
+        pods = candidates.pods
+        for prepare in self._prepare:
+            pods = prepare(request, pods, state, now)
         assert self._profile is not None
         outcome = self._profile.schedule(request, pods, state, self._rng, trace)
         self._metrics.scheduled(self._timer() - start)
@@ -257,33 +259,37 @@ class Director:
                 outcome.reason, model=resolved.model, target=resolved.target, explain=decision.explain
             )
         ticket = Ticket(next(self._tickets), outcome.address, candidates.now)
-        self._lifecycle.picked(ticket, resolved.request, decision.state)
+        request, state = resolved.request, decision.state
+        for picked in self._picked:
+            picked(ticket, request, state)
         result = "picked_stale" if candidates.stale else "picked"
-        return self._routed(resolved, ticket, result, decision.explain)
+        return self._routed(resolved, outcome.address, ticket, result, decision.explain)
 
     def release(self, routing: Routing) -> None:
         """The request ``routing`` sent is over (its stream closed)."""
-        if routing.ticket:
-            self._lifecycle.finished(Ticket(routing.ticket, routing.endpoint, routing.assigned_at))
+        if routing.ticket is not None:
+            for finished in self._finished:
+                finished(routing.ticket)
 
     def _fail_open(self, resolved: Resolved, candidates: Candidates) -> Routing:
         assert candidates.fallback is not None
         path = f"no fresh pods; failureMode FailOpen; picked {candidates.fallback}"
-        return self._routed(resolved, Ticket(0, candidates.fallback, candidates.now), "fail_open", path)
+        return self._routed(resolved, candidates.fallback, None, "fail_open", path)
 
-    def _routed(self, resolved: Resolved, ticket: Ticket, result: str, path: str) -> Routing:
+    def _routed(
+        self, resolved: Resolved, endpoint: str, ticket: Ticket | None, result: str, path: str
+    ) -> Routing:
         self._metrics.routed(resolved.model, resolved.target, resolved.priority, self.profile, result)
         return Routing(
-            ticket.address,
+            endpoint,
             resolved.forward,
             resolved.rewritten,
             resolved.model,
             resolved.target,
-            ticket.at,
             path,
-            priority=resolved.priority,
-            request_id=resolved.context.request_id,
-            ticket=ticket.key,
+            resolved.priority,
+            resolved.context.request_id,
+            ticket,
         )
 
     def _remember(self, snapshot: PoolSnapshot) -> None:

@@ -4,20 +4,21 @@ of a routed request whose response Envoy showed the picker (with the :class:`Usa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from pointsman_picker.scheduling.contracts import Ticket
 
 
-@dataclass(frozen=True, slots=True)
-class Routing:
+class Routing(NamedTuple):
     endpoint: str  # "ip:port"
     body: bytes | None  # what to forward; None for a request without a body
     rewritten: bool
     model: str = ""
     target: str = ""
-    assigned_at: float = 0.0  # the director's clock at the decision
     explain: str = ""  # the path taken, when asked for (see pointsman_picker.explain)
     priority: int = 0  # the request's objective priority (negative: sheddable)
     request_id: str = ""
-    ticket: int = 0  # the director's key for the request's end (0: nothing to release)
+    ticket: Ticket | None = None  # what the request plugins hear at its end (None: nothing to release)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from pointsman_picker.scheduling.types import CycleState, DataKey, Pods, SchedulingRequest
 from pointsman_shared.snapshot import PodSnapshot
@@ -61,8 +60,7 @@ class Picker(Protocol):
     ) -> PodSnapshot: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
+class Ticket(NamedTuple):
     """One request that got a pod: ``key`` is unique among this picker's requests, ``at`` the time of
     the decision. What a plugin hears at ``picked`` and again at ``finished``."""
 

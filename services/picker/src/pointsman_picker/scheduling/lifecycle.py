@@ -14,6 +14,10 @@ from typing import Any
 from pointsman_picker.scheduling.contracts import DataKeys, RequestPlugin, Ticket
 from pointsman_picker.scheduling.types import CycleState, DataKey, Pods, SchedulingRequest
 
+PrepareHook = Callable[[SchedulingRequest, Pods, CycleState, float], Pods]
+PickedHook = Callable[[Ticket, SchedulingRequest, CycleState], None]
+FinishedHook = Callable[[Ticket], None]
+
 
 class LifecycleError(ValueError):
     """The plugins cannot be ordered: a key nobody produces, two producers of one key, a cycle."""
@@ -27,10 +31,17 @@ class Lifecycle:
     def __init__(self, plugins: Sequence[RequestPlugin]) -> None:
         """``plugins`` in an order where every producer comes before its consumers (see :func:`order`)."""
         self.plugins = tuple(plugins)
-        self._prepare = tuple(p.prepare for p in plugins if _overrides(p, "prepare"))
-        self._picked = tuple(p.picked for p in plugins if _overrides(p, "picked"))
-        self._finished = tuple(p.finished for p in plugins if _overrides(p, "finished"))
+        self._prepare: tuple[PrepareHook, ...] = tuple(p.prepare for p in plugins if _overrides(p, "prepare"))
+        self._picked: tuple[PickedHook, ...] = tuple(p.picked for p in plugins if _overrides(p, "picked"))
+        self._finished: tuple[FinishedHook, ...] = tuple(
+            p.finished for p in plugins if _overrides(p, "finished")
+        )
         self._noting = tuple(p for p in plugins if _overrides(p, "note"))
+
+    def hooks(self) -> tuple[tuple[PrepareHook, ...], tuple[PickedHook, ...], tuple[FinishedHook, ...]]:
+        """The overridden ``prepare``, ``picked`` and ``finished`` hooks, in order: for a caller that
+        runs them itself."""
+        return self._prepare, self._picked, self._finished
 
     def by_spec(self) -> dict[tuple[str, str], RequestPlugin]:
         """The plugins by what they were made from: what a reload may keep."""

@@ -4,9 +4,9 @@ dropped request's outcome."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pointsman_shared.snapshot import PodSnapshot
 
@@ -17,8 +17,7 @@ T = TypeVar("T")
 NO_BODY: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulingRequest:
+class SchedulingRequest(NamedTuple):
     """``target_model`` is the resolved model (the LoRA adapter to look for); ``None`` when the request
     names no model (e.g. a GET without a body). ``body`` is the request's JSON object as parsed (read
     it, never change it): plugins take what they need of it (the prompt, its length) into the cycle
@@ -26,7 +25,7 @@ class SchedulingRequest:
 
     target_model: str | None
     critical: bool
-    body: Mapping[str, Any] = field(default_factory=lambda: NO_BODY)
+    body: Mapping[str, Any] = NO_BODY
     request_id: str = ""
 
 
