@@ -187,3 +187,25 @@ def _http_handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pointsman_testkit.otlp``: a receiver in a process of its own (bench/picker.py's
+    tracing runs), printing its ports, then on SIGTERM or SIGINT the spans it received."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description="An OTLP trace receiver that counts what it gets.")
+    parser.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with OtlpReceiver() as receiver:
+        print(f"grpc {receiver.grpc_port} http {receiver.http_port}", flush=True)
+        stop.wait()
+        print(f"spans {len(receiver.spans())}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
