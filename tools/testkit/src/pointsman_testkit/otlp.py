@@ -80,7 +80,7 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest, protocol: str) 
     return spans
 
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OtlpReceiver) -> None:
         self._receiver = receiver
 
@@ -99,7 +99,7 @@ class OtlpReceiver:
         self._spans: list[ReceivedSpan] = []
         self.requests = 0
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), self._grpc)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), self._grpc)  # type: ignore[no-untyped-call]
         self.grpc_port = self._grpc.add_insecure_port(f"{host}:0")
         self._http = ThreadingHTTPServer((host, 0), _http_handler(self))
         self.http_port = self._http.server_address[1]
