@@ -122,6 +122,7 @@ class PickerApp:
             profile=lambda: self.director.profile,
             snapshot_age=snapshot_age,
             objective_header=lambda: self.service.settings.objective_header,
+            parent_based=tracing.config.sampler.startswith("parentbased_"),
         )
 
     def _finished(self, routing: Routing) -> None:
