@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from pointsman_shared import aio
+from pointsman_shared import aio, cli
 from pointsman_shared.config import TracingConfig, tracing_env
 from pointsman_shared.tracing import build_tracing
 from pointsman_sim.metrics import LORA_LABEL_SEMANTICS, METRICS_VERSIONS
@@ -114,12 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a span per request over OTLP here, as vLLM's flag (grpc unless "
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf; the other OTEL_* variables apply too)",
     )
-    parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="default %(default)s",
-    )
+    cli.add_common_flags(parser, distribution="pointsman-sim", log_level="warning")
     return parser
 
 
