@@ -1056,5 +1056,5 @@ def test_the_tracing_component_turns_tracing_on_everywhere_and_nothing_traces_wi
 def upstream_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    upstream.add_flags(parser, metrics_field="picker.metricsListen")
+    upstream.add_flags(parser, metrics_field="picker.metricsListen", grpc=True)
     return parser.parse_args(argv)

@@ -19,8 +19,6 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from importlib import metadata
 
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -136,11 +134,16 @@ def sampler(config: TracingConfig) -> Sampler:
 
 
 def exporter(config: TracingConfig) -> SpanExporter:
-    """The OTLP exporter ``config.protocol`` names, sending to ``config.endpoint``."""
+    """The OTLP exporter ``config.protocol`` names, sending to ``config.endpoint``. Imported here: each
+    brings its client library (grpc, requests), seconds of start-up for a service that does not trace."""
     endpoint = config.endpoint
     if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
         insecure = not endpoint.startswith("https://")
         return GrpcSpanExporter(endpoint=endpoint, insecure=insecure, timeout=config.export_timeout)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
     scheme, sep, rest = endpoint.partition("://")
     if sep and "/" not in rest.rstrip("/"):
         endpoint = f"{scheme}://{rest.rstrip('/')}/v1/traces"
