@@ -1,4 +1,4 @@
-"""The filters: the #423 tree's (spec §5) and the `best` profile's.
+"""The filters: the #423 tree's (spec §5), the `best` profile's and upstream's prefix-cache affinity.
 
 Each reads the pods through their facts (:func:`~pointsman_picker.scheduling.indexed.facts_of`), so
 the same body serves a pool's pods, which carry their facts, and any other tuple of pods.
@@ -15,6 +15,7 @@ from typing import ClassVar
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
+from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
 
@@ -176,3 +177,26 @@ class LeastWork(Filter):
         ]
         limit = min(costs) + self.tolerance
         return facts_of(pods).select(pods, [cost <= limit for cost in costs])
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheAffinity(Filter):
+    """Upstream's ``prefix-cache-affinity-filter``: the pods holding at least ``threshold`` of the
+    prompt's blocks; all of them when none does, or, with probability ``exploration``, anyway (so other
+    pods get to cache the prefix too). Upstream's latency-prediction gate is left out (Pointsman has no
+    latency predictor): put the filter where load has been bounded already (after the queue filters)."""
+
+    type_name: ClassVar[str] = "prefix-cache-affinity-filter"
+    consumes = (PREFIX_MATCH,)
+    threshold: float
+    exploration: float
+
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
+        hashes, matched, _ = state[PREFIX_MATCH]
+        if len(pods) <= 1 or not matched or self.threshold <= 0:
+            return pods
+        if self.exploration > 0 and rng.random() < self.exploration:
+            return pods
+        least = self.threshold * len(hashes)
+        sticky = tuple(pod for pod in pods if matched.get(pod.address, 0) >= least)
+        return sticky or pods

@@ -1,0 +1,146 @@
+"""Which pods probably hold which prompt blocks in their prefix cache: upstream's approximate prefix
+index, one bounded LRU per pod and a map from block hash to the pods that have it.
+
+A block hash (:func:`block_hashes`) is an xxhash64 chain over the prompt's bytes in blocks of
+``block_chars`` characters, seeded by the target model and the request's ``cache_salt``, so block
+``i``'s hash names blocks ``0..i`` too: two prompts share block ``i``'s hash only when they share
+their first ``i + 1`` blocks (a LoRA adapter never shares a base model's blocks, as in vLLM). Only full
+blocks are hashed, as vLLM caches only full blocks.
+
+The LRU of a pod keeps, per block it holds, the time the block was last announced to the other
+pickers (see :mod:`~pointsman_picker.scheduling.prefix_cache`). Pure: time comes in as arguments.
+
+Memory: one entry is one (block, pod) pair: an ``OrderedDict`` item (hash and time) in the pod's LRU
+and a member of the hash's set of pods, about 230 bytes in CPython 3.11 (bench/picker.py's
+``prefix_memory`` measures it); a full index holds at most ``pods x capacity`` entries: 1,000 pods at
+upstream's 31,250 blocks each is 31 M entries, ~7 GB, so a pool that large wants a smaller
+``lruCapacityPerServer`` (2,000: ~460 MB), and a full one is reached only after as many distinct blocks
+were sent to every pod.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+import xxhash
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+def block_hashes(model: str, salt: str, data: bytes, block_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """The hash of each full ``block_chars`` block of ``data``'s first ``max_blocks`` blocks; hash
+    ``i`` is xxhash64 of block ``i`` followed by hash ``i - 1`` (little-endian), hash ``-1`` being
+    xxhash64 of ``model`` and ``salt`` (upstream's chain, so both index the same blocks)."""
+    if block_chars <= 0 or max_blocks <= 0 or len(data) < block_chars:
+        return ()
+    previous = _xxh64((model + salt).encode())
+    out = []
+    end = min(len(data) // block_chars, max_blocks) * block_chars
+    for start in range(0, end, block_chars):
+        previous = _xxh64(data[start : start + block_chars] + previous.to_bytes(8, "little"))
+        out.append(previous)
+    return tuple(out)
+
+
+class PrefixIndex:
+    def __init__(self) -> None:
+        self._lrus: dict[str, OrderedDict[int, float]] = {}
+        self._capacity: dict[str, int] = {}
+        self._owners: dict[int, set[str]] = {}
+
+    def __len__(self) -> int:
+        """The (block, pod) entries held."""
+        return sum(len(lru) for lru in self._lrus.values())
+
+    def pods(self) -> list[str]:
+        return list(self._lrus)
+
+    def match(self, hashes: Iterable[int]) -> dict[str, int]:
+        """Per pod, how many of ``hashes`` it holds, counted from the first block up to the first block
+        no pod holds (longest prefix first, as upstream)."""
+        counts: dict[str, int] = {}
+        owners = self._owners
+        for h in hashes:
+            pods = owners.get(h)
+            if not pods:
+                break
+            for pod in pods:
+                counts[pod] = counts.get(pod, 0) + 1
+        return counts
+
+    def add(self, pod: str, hashes: Iterable[int], capacity: int, now: float, fresh: float) -> list[int]:
+        """Record that ``pod`` holds ``hashes`` (its LRU holding at most ``capacity``, the least recently
+        added going first); return those it did not hold, or last announced before ``now - fresh``,
+        stamped ``now``: what to announce."""
+        lru = self._lrus.get(pod)
+        if lru is None:
+            lru = self._lrus[pod] = OrderedDict()
+        self._capacity[pod] = capacity
+        owners = self._owners
+        announce = []
+        stale = now - fresh
+        for h in hashes:
+            at = lru.get(h)
+            if at is None:
+                pods = owners.get(h)
+                if pods is None:
+                    owners[h] = {pod}
+                else:
+                    pods.add(pod)
+            else:
+                lru.move_to_end(h)
+                if at > stale:
+                    continue
+            lru[h] = now
+            announce.append(h)
+        self._trim(pod, lru, capacity)
+        return announce
+
+    def learn(self, pod: str, hashes: Iterable[int], at: float, capacity: int) -> None:
+        """Record what another picker announced: ``pod`` holds ``hashes`` as of ``at`` (most recent
+        last); a block this index already holds is only moved up its pod's LRU."""
+        lru = self._lrus.get(pod)
+        if lru is None:
+            lru = self._lrus[pod] = OrderedDict()
+            self._capacity[pod] = capacity
+        owners = self._owners
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                if lru[h] < at:
+                    lru[h] = at
+                continue
+            lru[h] = at
+            pods = owners.get(h)
+            if pods is None:
+                owners[h] = {pod}
+            else:
+                pods.add(pod)
+        self._trim(pod, lru, self._capacity[pod])
+
+    def _trim(self, pod: str, lru: OrderedDict[int, float], capacity: int) -> None:
+        owners = self._owners
+        while len(lru) > capacity:
+            old, _ = lru.popitem(last=False)
+            pods = owners[old]
+            pods.discard(pod)
+            if not pods:
+                del owners[old]
+
+    def remove(self, pod: str) -> None:
+        """Forget ``pod`` (it left the pool)."""
+        lru = self._lrus.pop(pod, None)
+        self._capacity.pop(pod, None)
+        if lru is None:
+            return
+        owners = self._owners
+        for h in lru:
+            pods = owners[h]
+            pods.discard(pod)
+            if not pods:
+                del owners[h]
+
+    def entries(self, pod: str) -> Iterator[tuple[int, float]]:
+        """``pod``'s blocks and their times, least recent first."""
+        return iter(list(self._lrus.get(pod, {}).items()))
