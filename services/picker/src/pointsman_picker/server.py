@@ -32,6 +32,7 @@ from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
+from pointsman_picker.prefix_sync import RedisPrefixSync
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.profiles import build_profile
@@ -65,7 +66,10 @@ class PickerApp:
         registry: CollectorRegistry,
         rng: random.Random,
         clock: Callable[[], float],
+        share_prefix: bool = False,
     ) -> None:
+        """``share_prefix``: the prefix-cache index is shared with the other pickers through the
+        config's Redis (:mod:`~pointsman_picker.prefix_sync`)."""
         self.config = config
         self.source = source
         self.registry = registry
@@ -81,6 +85,13 @@ class PickerApp:
             clock=time.monotonic,
         )
         registry.register(RuntimeCollector(open_streams=lambda: self.service.open_streams))
+        self.prefix_sync = (
+            RedisPrefixSync(
+                config.redis.target, RedisKeys(config.pool.name), self.director.request_plugins, clock=clock
+            )
+            if share_prefix
+            else None
+        )
         self.health = HealthBoard()
         # grpc.aio's servicer (the health port; ext_proc's port with picker.server grpcio) keeps a copy.
         self._grpc_health = health.aio.HealthServicer()
@@ -116,6 +127,8 @@ class PickerApp:
         picker = self.config.picker
         await self._sync_health()
         await self.source.start()
+        if self.prefix_sync is not None:
+            await self.prefix_sync.start()
 
         if picker.server == "native":
             self._native = GrpcServer(
@@ -188,6 +201,8 @@ class PickerApp:
             await self._health_server.stop(None)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+        if self.prefix_sync is not None:
+            await self.prefix_sync.aclose()
         await self.source.aclose()
 
 
@@ -250,13 +265,17 @@ def create_app(
     registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.time,
+    share_prefix: bool | None = None,
 ) -> PickerApp:
+    """The picker; the prefix index is shared through Redis when the snapshots come from Redis too
+    (``share_prefix`` unset and no ``source`` given)."""
     return PickerApp(
         config,
         source=source or RedisSnapshotSource(config.redis.target, RedisKeys(config.pool.name)),
         registry=registry if registry is not None else CollectorRegistry(),
         rng=rng or random.Random(),
         clock=clock,
+        share_prefix=source is None if share_prefix is None else share_prefix,
     )
 
 

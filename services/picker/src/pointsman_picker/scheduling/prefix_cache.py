@@ -19,7 +19,7 @@ arguments.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
 from pointsman_picker.scheduling.assignments import POSITIONS
@@ -172,6 +172,15 @@ class PrefixCacheProducer(RequestPlugin):
                 room = 0
         self._queued -= limit - room
         return out
+
+    def undrain(self, announcements: Sequence[Announcement]) -> None:
+        """Put back what :meth:`drain` gave (it could not be published), ahead of what came since."""
+        self._outbox.extendleft(reversed(announcements))
+        self._queued += sum(len(a.hashes) for a in announcements)
+        while self._queued > self._outbox_limit:
+            old = self._outbox.popleft()
+            self._queued -= len(old.hashes)
+            self.dropped += len(old.hashes)
 
     def learn(self, announcements: Iterable[Announcement]) -> None:
         """What other pickers announced, in the order they announced it."""
