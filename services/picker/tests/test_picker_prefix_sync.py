@@ -52,7 +52,7 @@ def matched(producer: PrefixCacheProducer, request: SchedulingRequest | None = N
 @contextlib.asynccontextmanager
 async def syncing(url: str, *producers: PrefixCacheProducer, **kwargs) -> AsyncIterator[RedisPrefixSync]:
     held = list(producers)
-    sync = RedisPrefixSync(url, KEYS, lambda: held, interval=0.01, backoff=FAST, io_timeout=0.3, **kwargs)
+    sync = RedisPrefixSync(url, KEYS, lambda: held, interval=0.01, backoff=FAST, io_timeout=1.0, **kwargs)
     sync.held = held  # type: ignore[attr-defined]  # the running "profile": a test may swap it
     await sync.start()
     try:
@@ -76,9 +76,9 @@ async def test_two_pickers_converge(redis_url):
     one, two = PrefixCacheProducer(auto_tune=False), PrefixCacheProducer(auto_tune=False)
     async with syncing(redis_url, one), syncing(redis_url, two):
         route(one, A)
-        await eventually(lambda: matched(two) == {A: 18})
+        await eventually(lambda: matched(two) == {A: 18}, within=10)
         route(two, B, req(PROMPT + "more " * 30))
-        await eventually(lambda: matched(one, req(PROMPT + "more " * 30)) == {A: 18, B: 20})
+        await eventually(lambda: matched(one, req(PROMPT + "more " * 30)) == {A: 18, B: 20}, within=10)
         assert matched(two) == {A: 18, B: 18}
         assert one.outbox() == two.outbox() == 0
 
@@ -87,13 +87,13 @@ async def test_a_starting_picker_and_a_reloaded_producer_load_the_current_index(
     one = PrefixCacheProducer(auto_tune=False)
     async with syncing(redis_url, one) as first:
         route(one, A)
-        await eventually(lambda: first.published == 1)
+        await eventually(lambda: first.published == 1, within=10)
         late = PrefixCacheProducer(auto_tune=False)
         async with syncing(redis_url, late) as second:
-            await eventually(lambda: matched(late) == {A: 18})
+            await eventually(lambda: matched(late) == {A: 18}, within=10)
             reloaded = PrefixCacheProducer(auto_tune=False, capacity=100)  # another spec: a new index
             second.held[:] = [reloaded]  # type: ignore[attr-defined]
-            await eventually(lambda: matched(reloaded) == {A: 18})
+            await eventually(lambda: matched(reloaded) == {A: 18}, within=10)
 
 
 async def test_the_stream_is_bounded_and_expires(redis_url):
@@ -102,11 +102,11 @@ async def test_the_stream_is_bounded_and_expires(redis_url):
     try:
         async with syncing(redis_url, producer, batch=1, max_entries=100) as sync:
             route(producer, A, req("x" * 64 * 256))  # 256 blocks, one an entry
-            await eventually(lambda: sync.published == 256)
+            await eventually(lambda: sync.published == 256, within=10)
             assert await client.xlen(KEYS.prefix_index) <= 200  # MAXLEN ~ 100: whole nodes of 100
         later = [1e12]
         async with syncing(redis_url, ttl=600.0, clock=lambda: later[0]):
-            await eventually(lambda: _empty(client))
+            await eventually(lambda: _empty(client), within=10)
     finally:
         await client.aclose()
 
@@ -123,7 +123,7 @@ async def test_an_entry_that_is_not_an_announcement_is_skipped(redis_url):
         one, two = PrefixCacheProducer(auto_tune=False), PrefixCacheProducer(auto_tune=False)
         async with syncing(redis_url, one), syncing(redis_url, two) as sync:
             route(one, C)
-            await eventually(lambda: matched(two) == {C: 18})
+            await eventually(lambda: matched(two) == {C: 18}, within=10)
             assert sync.failures == 0
     finally:
         await client.aclose()
@@ -144,13 +144,13 @@ async def test_an_outage_degrades_to_the_local_index_and_recovery_catches_up(own
     one, two = PrefixCacheProducer(auto_tune=False), PrefixCacheProducer(auto_tune=False)
     async with syncing(own_redis.url, one) as first, syncing(own_redis.url, two) as second:
         route(one, A)
-        await eventually(lambda: matched(two) == {A: 18})
+        await eventually(lambda: matched(two) == {A: 18}, within=10)
         own_redis.kill()
         other = req("Another system prompt entirely. " * 30)
         route(one, B, other)  # routing goes on by the local index
         assert matched(one, other) == {B: len(state_for(one, other)[PREFIX_MATCH].hashes)}
-        await eventually(lambda: first.failures > 0 and second.failures > 0)
+        await eventually(lambda: first.failures > 0 and second.failures > 0, within=10)
         assert matched(two, other) == {}
         own_redis.restart()  # empty: it kept nothing on disk (blocks the loop until it answers PING)
-        await eventually(lambda: bool(matched(two, other)), within=5)
-        assert first.failures == second.failures == 0
+        await eventually(lambda: bool(matched(two, other)), within=10)
+        await eventually(lambda: first.failures == second.failures == 0, within=10)
