@@ -3,10 +3,11 @@ index, one bounded LRU per pod and a map from block hash to the pods that have i
 
 A block hash (:func:`block_hashes`) is an xxhash64 chain over the prompt's bytes in blocks of
 ``block_chars`` characters, seeded by the target model and the request's ``cache_salt``, so block
-``i``'s hash names blocks ``0..i`` too (upstream appends the previous hash to the block; passing it as
-xxhash's seed chains the same way for a third less CPU, and the hashes never leave Pointsman): two prompts share block ``i``'s hash only when they share
-their first ``i + 1`` blocks (a LoRA adapter never shares a base model's blocks, as in vLLM). Only full
-blocks are hashed, as vLLM caches only full blocks.
+``i``'s hash names blocks ``0..i`` too: two prompts share block ``i``'s hash only when they share
+their first ``i + 1`` blocks (a LoRA adapter never shares a base model's blocks, as in vLLM). Upstream
+appends the previous hash to the block; passing it as xxhash's seed chains the same way for a third
+less CPU (the hashes never leave Pointsman). Only full blocks are hashed, as vLLM caches only full
+blocks.
 
 The LRU of a pod keeps, per block it holds, the time the block was last announced to the other
 pickers (see :mod:`~pointsman_picker.scheduling.prefix_cache`). Pure: time comes in as arguments.
