@@ -14,7 +14,8 @@ from picker_builders import pod, pool_pods
 
 from pointsman_picker.scheduling import CycleState, SchedulingRequest, Ticket
 from pointsman_picker.scheduling.assignments import POSITIONS
-from pointsman_picker.scheduling.filters import PrefixCacheAffinity
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
+from pointsman_picker.scheduling.filters import LeastWorkWithPrefix, PrefixCacheAffinity
 from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH, PrefixCacheProducer
 from pointsman_picker.scheduling.profiles import Profile, build_profile
 from pointsman_picker.scheduling.registry import PluginError
@@ -170,3 +171,30 @@ def test_the_affinity_filter_explores_with_its_probability():
         for _ in range(1000)
     )
     assert 200 < explored < 300
+
+
+@pytest.mark.parametrize(
+    ("matched", "pending", "kept"),
+    [
+        ({}, {}, ["a", "b", "c"]),  # no hits: the same prefill everywhere
+        ({"b": 10}, {}, ["b"]),  # b holds the whole prompt: 1,000 tokens less to compute
+        ({"b": 5}, {"b": 700.0}, ["a", "c"]),  # half of it, behind 700 pending tokens: more work
+        ({"a": 9, "b": 10}, {}, ["a", "b"]),  # within the tolerance of each other
+    ],
+)
+def test_least_work_with_prefix_counts_the_prompt_a_pod_lacks(matched, pending, kept):
+    pods = (pod(address="a"), pod(address="b"), pod(address="c"))
+    state = CycleState()
+    state[PREFIX_MATCH] = (tuple(range(10)), matched, pods)
+    state[PROMPT_TOKENS] = 1000
+    state[PENDING_PREFILL] = pending
+    filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5)
+    assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
+
+
+def test_best_prefix_is_best_with_prefix_aware_work():
+    profile = build_profile(parse_config(shipped("best-prefix.yaml")))
+    assert producer(profile).capacity == 31_250
+    system = "You are a helpful assistant. " * 100
+    first = decide(profile, system + "one")
+    assert decide(profile, system + "two") == first

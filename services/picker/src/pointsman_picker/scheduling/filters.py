@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
-from pointsman_picker.scheduling.backlog import PENDING_PREFILL
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
 from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH
@@ -200,3 +200,43 @@ class PrefixCacheAffinity(Filter):
         least = self.threshold * len(hashes)
         sticky = tuple(pod for pod in pods if matched.get(pod.address, 0) >= least)
         return sticky or pods
+
+
+@dataclass(frozen=True, slots=True)
+class LeastWorkWithPrefix(Filter):
+    """:class:`LeastWork` that also counts the request's own prefill on each pod: the prompt tokens the
+    pod does not hold in its prefix cache (``PROMPT_TOKENS`` times the share of blocks it probably
+    lacks, from ``PREFIX_MATCH``) at ``per_pending_token`` each. A pod holding most of a long prompt
+    saves that much of the request's time to first token, so prefix affinity is weighed in the same
+    unit as the pods' load, not as a score beside it."""
+
+    type_name: ClassVar[str] = "least-work-prefix-filter"
+    consumes = (PENDING_PREFILL, PROMPT_TOKENS, PREFIX_MATCH)
+    per_pending_token: float
+    per_running: float
+    per_kv_cache: float
+    per_waiting: float
+    tolerance: float
+
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
+        if len(pods) < 2:
+            return pods
+        pending = state.read(PENDING_PREFILL, NO_PENDING)
+        hashes, matched, _ = state[PREFIX_MATCH]
+        prompt = state.read(PROMPT_TOKENS, 0)
+        per_pending_token, per_running = self.per_pending_token, self.per_running
+        per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
+        # The prefill every pod would do without a hit; a hit takes its share of the blocks off.
+        own = per_pending_token * prompt
+        per_block = own / len(hashes) if hashes else 0.0
+        costs = [
+            per_pending_token * pending.get(pod.address, 0.0)
+            + own
+            - per_block * matched.get(pod.address, 0)
+            + per_running * pod.running
+            + per_kv_cache * pod.kv_cache_usage
+            + per_waiting * pod.waiting
+            for pod in pods
+        ]
+        limit = min(costs) + self.tolerance
+        return facts_of(pods).select(pods, [cost <= limit for cost in costs])

@@ -25,6 +25,7 @@ from pointsman_picker.scheduling.filters import (
     LeastKvCache,
     LeastQueuing,
     LeastWork,
+    LeastWorkWithPrefix,
     LoraSoftAffinity,
     LoraSpreadAffinity,
     LowQueueing,
@@ -81,6 +82,18 @@ DEFAULT_PER_PENDING_TOKEN = 1000.0 / 29_000.0
 DEFAULT_PER_RUNNING = 0.04
 DEFAULT_PER_KV_CACHE = 26_500 * 16 * 4.7e-5
 DEFAULT_WORK_TOLERANCE = 1.0
+# least-work-filter's and least-work-prefix-filter's parameters, in their fields' order.
+WORK_PARAMETERS: dict[str, Any] = {
+    "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
+    "perRunning": DEFAULT_PER_RUNNING,
+    "perKvCache": DEFAULT_PER_KV_CACHE,
+    "perWaiting": 0.0,
+    "tolerance": DEFAULT_WORK_TOLERANCE,
+}
+
+
+def _work(p: Mapping[str, Any]) -> tuple[float, ...]:
+    return tuple(float(p[key]) for key in WORK_PARAMETERS)
 
 
 def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
@@ -99,22 +112,8 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         ),
         LeastQueuing.type_name: ({}, lambda p: LeastQueuing()),
         LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
-        LeastWork.type_name: (
-            {
-                "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
-                "perRunning": DEFAULT_PER_RUNNING,
-                "perKvCache": DEFAULT_PER_KV_CACHE,
-                "perWaiting": 0.0,
-                "tolerance": DEFAULT_WORK_TOLERANCE,
-            },
-            lambda p: LeastWork(
-                float(p["perPendingToken"]),
-                float(p["perRunning"]),
-                float(p["perKvCache"]),
-                float(p["perWaiting"]),
-                float(p["tolerance"]),
-            ),
-        ),
+        LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
+        LeastWorkWithPrefix.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWorkWithPrefix(*_work(p))),
         LoraSpreadAffinity.type_name: (
             {
                 "threshold": config.lora_affinity_threshold,
