@@ -218,6 +218,36 @@ def bench_prefix() -> dict[str, float]:
                     director.release(director.route(context))
                 samples.append((time.process_time() - cpu) / len(contexts) * 1e6)
             out[f"director_route_4kb_{name}_{n}_pods_cpu_us"] = median(samples)
+    out.update(prefix_index_bytes())
+    return out
+
+
+def prefix_index_bytes() -> dict[str, float]:
+    """The prefix index's memory per (block, pod) entry, 100 pods of 2,000 blocks: each block on one
+    pod, and each on four (a system prompt several pods hold)."""
+    import tracemalloc
+
+    from pointsman_picker.scheduling.prefix_index import PrefixIndex
+
+    rng = random.Random(1)
+    pods = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(100)]
+    shared = [[rng.getrandbits(64) for _ in range(2000)] for _ in range(25)]
+    out = {}
+    tracemalloc.start()
+    try:
+        for name, blocks in (
+            ("one_pod", lambda i: [rng.getrandbits(64) for _ in range(2000)]),
+            ("four_pods", lambda i: shared[i % 25]),
+        ):
+            index = PrefixIndex()
+            before = tracemalloc.get_traced_memory()[0]
+            for i, pod in enumerate(pods):
+                index.add(pod, blocks(i), 2000, 0.0, 60.0)
+            out[f"prefix_index_bytes_per_entry_{name}"] = (tracemalloc.get_traced_memory()[0] - before) / len(
+                index
+            )
+    finally:
+        tracemalloc.stop()
     return out
 
 

@@ -13,11 +13,11 @@ The LRU of a pod keeps, per block it holds, the time the block was last announce
 pickers (see :mod:`~pointsman_picker.scheduling.prefix_cache`). Pure: time comes in as arguments.
 
 Memory: one entry is one (block, pod) pair: an ``OrderedDict`` item (hash and time) in the pod's LRU
-and a member of the hash's set of pods, about 230 bytes in CPython 3.11 (bench/picker.py's
-``prefix_memory`` measures it); a full index holds at most ``pods x capacity`` entries: 1,000 pods at
-upstream's 31,250 blocks each is 31 M entries, ~7 GB, so a pool that large wants a smaller
-``lruCapacityPerServer`` (2,000: ~460 MB), and a full one is reached only after as many distinct blocks
-were sent to every pod.
+and the block's owner (one address, or a set of them when several pods hold it): 174 bytes an entry in
+CPython 3.11 (``bench/decision_cost.py --prefix`` measures it). The index holds at most ``pods x
+capacity`` entries: 1,000 pods at upstream's 31,250 blocks each is 31 M entries, 5.4 GB, once as many
+distinct blocks were sent to every pod; a pool that large wants ``lruCapacityPerServer`` lowered (2,000
+blocks a pod, 128 K tokens of prompts: 350 MB per 1,000 pods).
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._lrus: dict[str, OrderedDict[int, float]] = {}
         self._capacity: dict[str, int] = {}
-        self._owners: dict[int, set[str]] = {}
+        # The pods holding each block: one pod's address as it is (most blocks are on one pod, and a
+        # set of one costs 216 bytes), a set of them once two hold it.
+        self._owners: dict[int, str | set[str]] = {}
 
     def __len__(self) -> int:
         """The (block, pod) entries held."""
@@ -65,10 +67,13 @@ class PrefixIndex:
         owners = self._owners
         for h in hashes:
             pods = owners.get(h)
-            if not pods:
+            if pods is None:
                 break
-            for pod in pods:
-                counts[pod] = counts.get(pod, 0) + 1
+            if type(pods) is str:
+                counts[pods] = counts.get(pods, 0) + 1
+            else:
+                for pod in pods:
+                    counts[pod] = counts.get(pod, 0) + 1
         return counts
 
     def add(self, pod: str, hashes: Iterable[int], capacity: int, now: float, fresh: float) -> list[int]:
@@ -85,11 +90,7 @@ class PrefixIndex:
         for h in hashes:
             at = lru.get(h)
             if at is None:
-                pods = owners.get(h)
-                if pods is None:
-                    owners[h] = {pod}
-                else:
-                    pods.add(pod)
+                _own(owners, h, pod)
             else:
                 lru.move_to_end(h)
                 if at > stale:
@@ -114,21 +115,14 @@ class PrefixIndex:
                     lru[h] = at
                 continue
             lru[h] = at
-            pods = owners.get(h)
-            if pods is None:
-                owners[h] = {pod}
-            else:
-                pods.add(pod)
+            _own(owners, h, pod)
         self._trim(pod, lru, self._capacity[pod])
 
     def _trim(self, pod: str, lru: OrderedDict[int, float], capacity: int) -> None:
         owners = self._owners
         while len(lru) > capacity:
             old, _ = lru.popitem(last=False)
-            pods = owners[old]
-            pods.discard(pod)
-            if not pods:
-                del owners[old]
+            _disown(owners, old, pod)
 
     def remove(self, pod: str) -> None:
         """Forget ``pod`` (it left the pool)."""
@@ -138,11 +132,29 @@ class PrefixIndex:
             return
         owners = self._owners
         for h in lru:
-            pods = owners[h]
-            pods.discard(pod)
-            if not pods:
-                del owners[h]
+            _disown(owners, h, pod)
 
     def entries(self, pod: str) -> Iterator[tuple[int, float]]:
         """``pod``'s blocks and their times, least recent first."""
         return iter(list(self._lrus.get(pod, {}).items()))
+
+
+def _own(owners: dict[int, str | set[str]], h: int, pod: str) -> None:
+    pods = owners.get(h)
+    if pods is None:
+        owners[h] = pod
+    elif type(pods) is str:
+        if pods != pod:
+            owners[h] = {pods, pod}
+    else:
+        pods.add(pod)  # type: ignore[union-attr]  # a set: the str case is above
+
+
+def _disown(owners: dict[int, str | set[str]], h: int, pod: str) -> None:
+    pods = owners[h]
+    if type(pods) is str:
+        del owners[h]  # a pod's LRU holds only blocks the pod owns
+        return
+    pods.discard(pod)  # type: ignore[union-attr]
+    if len(pods) == 1:
+        owners[h] = next(iter(pods))
