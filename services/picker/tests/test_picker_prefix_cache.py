@@ -75,27 +75,22 @@ def test_prepare_hashes_once_and_picked_records_the_chosen_pod():
     assert plugin.note(prepared(plugin, req)) == f"prefix {len(match.hashes)}/{len(match.hashes)}"
 
 
-@dataclasses.dataclass(frozen=True)
-class CachePod:
-    """A pod that exports vLLM's cache_config_info (the snapshot's fields once the collector reads it)."""
-
-    address: str
-    block_size: int = 0
-    num_gpu_blocks: int = 0
-
-
 def test_auto_tune_takes_the_block_size_and_capacity_from_the_pods():
-    pods = (CachePod(A, block_size=32, num_gpu_blocks=3), CachePod(B, block_size=32))
+    # vLLM's cache_config_info, as the collector puts it in the snapshot
+    pods = (
+        dataclasses.replace(PODS[0], block_size=32, num_gpu_blocks=3),
+        dataclasses.replace(PODS[1], block_size=32),
+    )
     plugin = PrefixCacheProducer(capacity=1000)
     req = request(SYSTEM)
-    state = prepared(plugin, req, pods)  # type: ignore[arg-type]
+    state = prepared(plugin, req, pods)
     assert state[PREFIX_MATCH].hashes == block_hashes("m", "", SYSTEM.encode(), 128, 256)
     plugin.picked(Ticket(1, A, 0.0), req, state)
     assert len(plugin.index) == 3  # A's capacity: its num_gpu_blocks
     plugin.picked(Ticket(2, B, 0.0), req, state)
     assert len(plugin.index) == 3 + 5  # B exports none: lruCapacityPerServer
     fixed = PrefixCacheProducer(auto_tune=False, block_tokens=8)
-    assert prepared(fixed, req, pods)[PREFIX_MATCH].hashes == block_hashes("m", "", SYSTEM.encode(), 32, 256)  # type: ignore[arg-type]
+    assert prepared(fixed, req, pods)[PREFIX_MATCH].hashes == block_hashes("m", "", SYSTEM.encode(), 32, 256)
 
 
 @pytest.mark.parametrize(

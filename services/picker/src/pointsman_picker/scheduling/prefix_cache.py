@@ -100,7 +100,7 @@ class PrefixCacheProducer(RequestPlugin):
         """The block in characters: the pods' block size when auto-tuned and known (all pods of a pool
         share one, so the first pod's), else the configured one."""
         if self.auto_tune and pods:
-            tokens: int = getattr(pods[0], "block_size", 0)
+            tokens = pods[0].block_size
             if tokens > 0:
                 return tokens * CHARS_PER_TOKEN
         return self._chars
@@ -131,7 +131,7 @@ class PrefixCacheProducer(RequestPlugin):
         capacity = self.capacity
         if self.auto_tune:
             i = state[POSITIONS].get(ticket.address)
-            blocks: int = getattr(match.pods[i], "num_gpu_blocks", 0) if i is not None else 0
+            blocks = match.pods[i].num_gpu_blocks if i is not None else 0
             capacity = blocks if blocks > 0 else capacity
         new = self.index.add(ticket.address, match.hashes, capacity, ticket.at, self._announce_every)
         if new:
