@@ -31,7 +31,13 @@ from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, na
 from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
-from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
+from pointsman_picker.metrics import (
+    MetricsServer,
+    PickerMetrics,
+    PrefixIndexCollector,
+    RuntimeCollector,
+    SnapshotCollector,
+)
 from pointsman_picker.prefix_sync import RedisPrefixSync
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.routing import Routing
@@ -92,6 +98,7 @@ class PickerApp:
             if share_prefix
             else None
         )
+        registry.register(PrefixIndexCollector(self.director.request_plugins, lambda: self.prefix_sync))
         self.health = HealthBoard()
         # grpc.aio's servicer (the health port; ext_proc's port with picker.server grpcio) keeps a copy.
         self._grpc_health = health.aio.HealthServicer()
