@@ -412,12 +412,17 @@ class PriorityBand(_Model):
 class SaturationDetectorConfig(_Model):
     """``flowControl.saturationDetector``: when a pod can take more (upstream's names). A pod is
     saturated when its waiting requests (with this picker's and the peers' assignments a scrape has
-    not shown yet) reach ``queueDepthThreshold`` or its KV cache ``kvCacheUtilThreshold``; the pool
-    is saturated when every candidate pod is. Unset: the scheduling thresholds
-    (``queueThresholdCritical``, ``kvCacheThreshold``)."""
+    not shown yet) reach ``queueDepthThreshold``, its KV cache ``kvCacheUtilThreshold``, or its
+    running and waiting requests ``maxPodRequests``; the pool is saturated when every candidate pod
+    is. The first two unset: the scheduling thresholds (``queueThresholdCritical``,
+    ``kvCacheThreshold``)."""
 
     queue_depth_threshold: int | None = Field(default=None, ge=1)
     kv_cache_util_threshold: float | None = Field(default=None, gt=0, le=1)
+    # Pointsman's: a pod is saturated, too, when its running plus waiting requests (the unseen
+    # assignments counted) reach this; the measure of work for a mix where requests wait for a LoRA
+    # slot (waiting alone then says little). Null: not used. Measure it for the mix (docs/flow-control.md).
+    max_pod_requests: int | None = Field(default=None, ge=1)
 
 
 class FlowControlConfig(_Model):

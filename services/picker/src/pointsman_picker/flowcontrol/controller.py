@@ -1,6 +1,7 @@
 """The flow controller: the director's steps with a wait between resolve and schedule.
 
-A request is placed at once while nothing waits and the pool has room; otherwise it waits in the
+A request is placed at once while nothing waits and the pool has room (scheduled among the pods with
+room); otherwise, or when the profile's terminal branch would drop it, it waits in the
 :class:`~.queue.FlowQueue` and its stream gets a :class:`Waiting` instead of a routing. :meth:`pump`
 (called by the asyncio edge when a snapshot arrives, a request ends, or a deadline comes) answers the
 expired, then dispatches from the head while the pool has room, each one scheduled afresh on the
@@ -19,9 +20,10 @@ from pointsman_picker import errors
 from pointsman_picker.context import RequestContext, Resolved
 from pointsman_picker.director import Candidates, Director
 from pointsman_picker.flowcontrol.queue import Bounds, Entry, FlowQueue, Full
-from pointsman_picker.flowcontrol.saturation import Thresholds, saturated, saturation
+from pointsman_picker.flowcontrol.saturation import Thresholds, room, saturation
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.assignments import RecentAssignments
+from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.types import Pods
 from pointsman_shared.config import FlowControlConfig, PointsmanConfig, PriorityBand
 
@@ -127,12 +129,14 @@ class FlowController:
         director = self._director
         resolved = director.resolve(context)
         candidates = director.candidates(resolved)
-        if (
-            self._closed
-            or candidates.fallback is not None
-            or (not self._queue and self._has_room(candidates))
-        ):
+        if self._closed or candidates.fallback is not None:
             return self._placed(director.place(resolved, candidates))
+        roomy = None if self._queue else self._with_room(candidates)
+        if roomy is not None:
+            try:
+                return self._placed(director.place(resolved, roomy))
+            except errors.NoCapacity:
+                pass  # the profile's terminal branch dropped it: under flow control it waits instead
         now = candidates.now
         flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
         priority = resolved.priority
@@ -171,14 +175,17 @@ class FlowController:
                 answered += 1
                 self._answer(entry, exc, REJECTED_OTHER, now)
                 continue
-            if candidates.fallback is None and not self._has_room(candidates):
+            roomy = candidates if candidates.fallback is not None else self._with_room(candidates)
+            if roomy is None:
                 break
-            queue.pop()
-            answered += 1
             try:
-                routing: Routing | errors.PickerError = self._placed(director.place(resolved, candidates))
+                routing: Routing | errors.PickerError = self._placed(director.place(resolved, roomy))
+            except errors.NoCapacity:
+                break  # the profile would drop it now: it keeps its place (until its time limit)
             except errors.PickerError as exc:
                 routing = exc
+            queue.pop()
+            answered += 1
             self._answer(entry, routing, DISPATCHED if isinstance(routing, Routing) else REJECTED_OTHER, now)
         return answered
 
@@ -232,8 +239,24 @@ class FlowController:
     def _peer_counts(self) -> Mapping[str, int]:
         return self._peers() if self._peers is not None else {}
 
-    def _has_room(self, candidates: Candidates) -> bool:
-        return not saturated(self._loaded(candidates), self._thresholds, self._peer_counts())
+    def _with_room(self, candidates: Candidates) -> Candidates | None:
+        """``candidates`` cut to the pods with room (the request is scheduled among those: a pod past
+        its thresholds gets nothing more however well it scores); ``None`` when the pool is saturated.
+
+        The profile's own recent assignments forget the pods left out for that request; this
+        controller's count (what saturation reads) keeps them."""
+        loaded = self._loaded(candidates)
+        thresholds, peers = self._thresholds, self._peer_counts()
+        keep = [i for i, pod in enumerate(loaded) if room(pod, thresholds, peers.get(pod.address, 0))]
+        if len(keep) == len(loaded):
+            return candidates
+        if not keep:
+            return None
+        pods = candidates.pods
+        chosen = tuple(pods[i] for i in keep)
+        return candidates._replace(
+            pods=indexed(chosen), positions={pod.address: i for i, pod in enumerate(chosen)}
+        )
 
     def _expire(self, entry: Entry[Waiting], now: float) -> None:
         resolved = entry.item.resolved

@@ -22,6 +22,7 @@ from pointsman_shared.snapshot import PodSnapshot
 class Thresholds:
     queue_depth: int
     kv_cache: float
+    pod_requests: int | None = None  # running + waiting
 
     @classmethod
     def of(cls, flow: FlowControlConfig, scheduling: SchedulingConfig) -> Thresholds:
@@ -32,6 +33,7 @@ class Thresholds:
         return cls(
             depth if depth is not None else max(scheduling.queue_threshold_critical, 1),
             kv if kv is not None else scheduling.kv_cache_threshold,
+            detector.max_pod_requests,
         )
 
 
@@ -40,7 +42,10 @@ def room(pod: PodSnapshot, thresholds: Thresholds, extra: int = 0) -> int:
     snapshot does not show, such as the peers' assignments)."""
     if pod.kv_cache_usage >= thresholds.kv_cache:
         return 0
-    return max(thresholds.queue_depth - pod.waiting - extra, 0)
+    free = thresholds.queue_depth - pod.waiting - extra
+    if thresholds.pod_requests is not None:
+        free = min(free, thresholds.pod_requests - pod.running - pod.waiting - extra)
+    return max(free, 0)
 
 
 def saturated(pods: Pods, thresholds: Thresholds, extra: Mapping[str, int]) -> bool:
@@ -56,5 +61,8 @@ def saturation(pods: Pods, thresholds: Thresholds, extra: Mapping[str, int]) -> 
     total = 0.0
     for pod in pods:
         waiting = pod.waiting + extra.get(pod.address, 0)
-        total += min(max(waiting / thresholds.queue_depth, pod.kv_cache_usage / thresholds.kv_cache), 1.0)
+        full = max(waiting / thresholds.queue_depth, pod.kv_cache_usage / thresholds.kv_cache)
+        if thresholds.pod_requests is not None:
+            full = max(full, (waiting + pod.running) / thresholds.pod_requests)
+        total += min(full, 1.0)
     return total / len(pods)
