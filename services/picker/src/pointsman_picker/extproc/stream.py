@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,6 +76,24 @@ Clock = Callable[[], float]
 
 
 CompletionSink = Callable[[Completion], None]
+Metadata = Iterable[tuple[bytes | str, bytes | str]]
+
+
+class DecisionSpan(Protocol):
+    """What the stream tells a request's span (:class:`pointsman_picker.tracing.RouteSpan`)."""
+
+    def routed(self, routing: Routing) -> None: ...
+
+    def failed(self, error: PickerError) -> None: ...
+
+
+class Tracer(Protocol):
+    """Starts a request's span, or ``None`` when it is not sampled."""
+
+    def start(
+        self, request_id: str, headers: Mapping[str, str], metadata: Metadata
+    ) -> DecisionSpan | None: ...
+
 
 log = logging.getLogger("pointsman_picker.stream")
 
@@ -123,11 +141,17 @@ class RequestStream:
         on_complete: CompletionSink | None = None,
         clock: Clock | None = None,
         deferred: DeferredSink | None = None,
+        tracer: Tracer | None = None,
+        metadata: Metadata = (),
     ) -> None:
+        """``metadata`` is the gRPC call's (read only by ``tracer``, for the trace context)."""
         self._route = route
         self._deferred = deferred
         self._waiting: Deferred | None = None
         self._held_chunks = 1
+        self._span: DecisionSpan | None = None
+        self._tracer = tracer
+        self._metadata = metadata
         self._settings = settings
         self._on_error = on_error
         self._on_complete = on_complete
@@ -225,6 +249,9 @@ class RequestStream:
         return self._decide(body, chunks)
 
     def _decide(self, body: bytes | None, chunks: int = 1) -> list[pb.ProcessingResponse]:
+        span = None
+        if self._tracer is not None:
+            span = self._tracer.start(self.request_id, self._headers, self._metadata)
         try:
             result = self._route(
                 RequestContext(
@@ -232,16 +259,24 @@ class RequestStream:
                     body,
                     self._headers,
                     self._headers.get(self._settings.objective_header),
-                    self._explain,
+                    self._explain or span is not None,  # a traced decision records its path
                 )
             )
         except PickerError as exc:
+            if span is not None:
+                span.failed(exc)
             return self._fail(exc)
         except Exception:
             self.log.exception("routing failed")
-            return self._fail(Internal("internal error"))
+            error = Internal("internal error")
+            if span is not None:
+                span.failed(error)
+            return self._fail(error)
         if not isinstance(result, Routing):
+            self._span = span  # ends with the answer
             return self._hold(result, chunks)
+        if span is not None:
+            span.routed(result)
         return self._routed(result, chunks)
 
     def _hold(self, waiting: Deferred, chunks: int) -> list[pb.ProcessingResponse]:
@@ -263,9 +298,14 @@ class RequestStream:
         if self.phase is not Phase.QUEUED or self._deferred is None:
             return
         self._waiting = None
+        span, self._span = self._span, None
         if isinstance(result, PickerError):
+            if span is not None:
+                span.failed(result)
             answers = self._fail(result)
         else:
+            if span is not None:
+                span.routed(result)
             answers = self._routed(result, self._held_chunks)
         self._deferred(answers)
 
