@@ -300,4 +300,5 @@ def test_with_flow_control_a_saturated_pool_holds_and_dispatch_places_later():
     assert placed is request
     assert choice == Placement(1, None)
     router.finished(request)
-    assert router.flow is not None and router.flow.waiting == 0
+    assert router.flow is not None
+    assert router.flow.waiting == 0
