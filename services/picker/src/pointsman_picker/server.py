@@ -32,6 +32,7 @@ from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.flowcontrol.controller import FlowController
 from pointsman_picker.flowgate import FlowGate
 from pointsman_picker.flowmetrics import FlowCollector, FlowControlMetrics
+from pointsman_picker.h2grpc.config import Http2Config
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
@@ -158,7 +159,7 @@ class PickerApp:
                 {**native_methods(self.service), **health_methods(self.health)},
                 # The body plus the ProcessingRequest around it.
                 max_message_bytes=picker.max_body_bytes + 64 * 1024,
-                http2=picker.http2,
+                http2=Http2Config.of(picker.http2),  # checked when the config was loaded
             )
             self.port = await self._native.start(*split_listen(picker.listen))
         else:
@@ -233,11 +234,13 @@ class PickerApp:
 
 
 def checked(config: PointsmanConfig, source: str = "<config>") -> PointsmanConfig:
-    """``config``, once its plugins and profiles build; else :class:`ConfigError` naming the bad path."""
+    """``config``, once its plugins and profiles build and ``picker.http2`` is valid; else
+    :class:`ConfigError` naming the bad path."""
     try:
         build_profile(config)
     except PluginError as exc:
         raise ConfigError(source, [(exc.path, exc.message)]) from None
+    Http2Config.of(config.picker.http2, source)
     return config
 
 
@@ -278,7 +281,7 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
         ("picker.healthListen", old.picker.health_listen, new.picker.health_listen),
         ("picker.metricsListen", old.picker.metrics_listen, new.picker.metrics_listen),
         ("picker.server", old.picker.server, new.picker.server),
-        ("picker.http2", old.picker.http2, new.picker.http2),
+        ("picker.http2", Http2Config.of(old.picker.http2), Http2Config.of(new.picker.http2)),
         ("redis", old.redis.display, new.redis.display),
         ("pool.name", old.pool.name, new.pool.name),
         ("flowControl.enabled", old.flow_control.enabled, new.flow_control.enabled),
