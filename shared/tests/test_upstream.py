@@ -192,11 +192,13 @@ def test_flags_and_environment_apply_on_top_of_an_endpoint_picker_config():
         ({"plugins": [{"type": "no-such-scorer"}]}, "plugins[0].type"),
         ({"plugins": "queue-scorer"}, "plugins"),
         ({"schedulingProfiles": [{"name": "p", "plugins": 3}]}, "schedulingProfiles[0].plugins"),
-        ({"featureGates": []}, "featureGates"),
+        ({"dataLayer": {}}, "dataLayer"),
+        ({"flowControl": [1]}, "flowControl"),
+        ({"flowControl": {"priorityBands": 3}}, "flowControl.priorityBands"),
         # Found by test_upstream_properties: each raised TypeError (unhashable, or an int key unsortable).
         ({"plugins": [{"type": ["queue-scorer"]}]}, "plugins[0].type"),
         ({"plugins": [{"type": {"a": 1}}]}, "plugins[0].type"),
-        ({1: None, "featureGates": []}, "1"),
+        ({1: None, "dataLayer": []}, "1"),
     ],
 )
 def test_what_cannot_be_translated_is_refused_naming_the_path(doc, path):
@@ -219,3 +221,35 @@ def test_a_plugin_ref_that_is_no_string_is_left_to_the_config_check():
     with pytest.raises(ConfigError) as caught:
         parse_config(translated)
     assert caught.value.problems[0][0] == "profiles[0].plugins[0].pluginRef"
+
+
+def test_an_endpoint_picker_config_s_flow_control_is_translated():
+    doc = {
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "flowControl": {
+            "maxBytes": 1000000,
+            "defaultRequestTTL": "20s",
+            "priorityBands": [{"priority": 0, "maxBytes": 5000, "priorityName": "critical"}],
+            "expiryCleanupInterval": "1s",
+        },
+        "saturationDetector": {"queueDepthThreshold": 8, "metricsStalenessThreshold": "200ms"},
+    }
+    translated, warnings = upstream.from_endpoint_picker_config(doc, "epp.yaml")
+    config = parse_config(translated)
+    flow = config.flow_control
+    assert flow.enabled
+    assert (flow.max_bytes, flow.default_request_ttl) == (1000000, 20.0)
+    assert (flow.priority_bands[0].priority, flow.priority_bands[0].max_bytes) == (0, 5000)
+    assert flow.saturation_detector.queue_depth_threshold == 8
+    assert any("expiryCleanupInterval" in w for w in warnings)
+    assert any("metricsStalenessThreshold" in w for w in warnings)
+
+
+def test_without_the_gate_or_a_section_flow_control_stays_off():
+    translated, warnings = upstream.from_endpoint_picker_config(
+        {"kind": "EndpointPickerConfig", "saturationDetector": {"queueDepthThreshold": 8}}, "epp.yaml"
+    )
+    assert "flowControl" not in translated
+    assert not parse_config(translated).flow_control.enabled
+    assert any("saturationDetector" in w for w in warnings)

@@ -211,6 +211,7 @@ _SECTIONS = (
     "plugins",
     "profiles",
     "tracing",
+    "flowControl",
 )
 _DOTTED = rf"(?:{'|'.join(_SECTIONS)})(?:\.[A-Za-z]+)+"
 # In Markdown a key is a code span (`picker.maxStaleness`, `picker.server: grpcio`); in YAML comments, bare.

@@ -8,7 +8,7 @@ import pytest
 
 from pointsman_shared.snapshot import PodSnapshot
 from pointsman_sim.engine import EngineConfig
-from pointsman_sim.fleet import Placement, RoundRobin, TraceRequest, least_queued, run_fleet
+from pointsman_sim.fleet import HOLD, Hold, Placement, RoundRobin, TraceRequest, least_queued, run_fleet
 from pointsman_sim.traces import sharegpt_like
 
 
@@ -80,3 +80,48 @@ def test_a_placement_serves_the_adapter_the_router_rewrote_the_request_to() -> N
     trace = [TraceRequest(0.0, 32, 4, "public-name")]
     result = run_fleet(configs(2), trace, lambda request, pods: Placement(1, "version-2"))
     assert [(s.pod, s.request.adapter) for s in result.served] == [(1, "version-2")]
+
+
+class HoldOneInTwo:
+    """Holds every other request, then places (or sheds) the held ones at the first snapshot round
+    after ``release_at``."""
+
+    def __init__(self, release_at: float, shed: bool = False) -> None:
+        self.release_at = release_at
+        self.shed = shed
+        self.held: list[TraceRequest] = []
+        self.dispatched_at: dict[float, float] = {}  # by arrival
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int | Hold:
+        if int(request.arrival * 100) % 2:
+            self.held.append(request)
+            return HOLD
+        return 0
+
+    def dispatch(self, now: float, pods: Sequence[PodSnapshot]) -> list[tuple[TraceRequest, int | None]]:
+        if now < self.release_at:
+            return []
+        out, self.held = self.held, []
+        for request in out:
+            self.dispatched_at[request.arrival] = now
+        return [(request, None if self.shed else 0) for request in out]
+
+
+def test_a_held_request_is_placed_later_and_its_wait_counts_in_its_ttft() -> None:
+    trace = [TraceRequest(t / 100, 16, 4) for t in range(10)]  # 0.00 .. 0.09; odd hundredths held
+    router = HoldOneInTwo(release_at=0.5)
+    result = run_fleet(configs(1), trace, router, dispatch=router.dispatch, snapshot_interval=0.1)
+    assert len(result.served) == 10
+    assert sorted(router.dispatched_at) == [pytest.approx(t / 100) for t in (1, 3, 5, 7, 9)]
+    for served in result.served:
+        arrival = trace[int(served.request.request_id[1:])].arrival
+        assert served.request.arrived_at == arrival  # the trace's arrival, not the dispatch
+        if arrival in router.dispatched_at:
+            assert served.request.first_token_at >= router.dispatched_at[arrival] >= 0.5
+
+
+def test_held_requests_keep_the_snapshot_rounds_going_until_placed_or_shed() -> None:
+    trace = [TraceRequest(t / 100, 16, 4) for t in range(4)]
+    router = HoldOneInTwo(release_at=3.0, shed=True)  # long after the last arrival
+    result = run_fleet(configs(1), trace, router, dispatch=router.dispatch, snapshot_interval=0.1)
+    assert (len(result.served), result.shed) == (2, 2)

@@ -361,6 +361,77 @@ class PickerConfig(_Model):
     http2: dict[str, Any] = Field(default_factory=dict)
 
 
+class PriorityBand(_Model):
+    """``flowControl.priorityBands[]``: one band's bounds and queue time limit (upstream's
+    PriorityBandConfig). Requests whose objective has this priority wait in it."""
+
+    priority: int
+    # Bounds of the band: past either, a request that would wait is refused at once (429).
+    max_requests: int = Field(default=1000, ge=1)
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    # How long a request may wait in this band; then 429 (sheddable) or 503 (the rest).
+    request_ttl: PositiveSeconds | None = Field(default=None, alias="requestTTL")
+
+
+class SaturationDetectorConfig(_Model):
+    """``flowControl.saturationDetector``: when a pod can take more (upstream's names). A pod is
+    saturated when its waiting requests (with this picker's and the peers' assignments a scrape has
+    not shown yet) reach ``queueDepthThreshold``, its KV cache ``kvCacheUtilThreshold``, or its
+    running and waiting requests ``maxPodRequests``; the pool is saturated when every candidate pod
+    is. The first two unset: the scheduling thresholds (``queueThresholdCritical``,
+    ``kvCacheThreshold``)."""
+
+    queue_depth_threshold: int | None = Field(default=None, ge=1)
+    kv_cache_util_threshold: float | None = Field(default=None, gt=0, le=1)
+    # Pointsman's: a pod is saturated, too, when its running plus waiting requests (the unseen
+    # assignments counted) reach this; the measure of work for a mix where requests wait for a LoRA
+    # slot (waiting alone then says little). Null: not used. Measure it for the mix (docs/flow-control.md).
+    max_pod_requests: int | None = Field(default=None, ge=1)
+
+
+class FlowControlConfig(_Model):
+    """``flowControl``: hold requests in the picker while the pool is saturated, by band (priority,
+    highest first), then by flow in turn (``x-gateway-inference-fairness-id``), then first come first
+    served. Off by default."""
+
+    enabled: bool = False
+    # Bounds of all bands together.
+    max_requests: int = Field(default=10_000, ge=1)
+    max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+    # The queue time limit of a band that sets none.
+    default_request_ttl: PositiveSeconds = Field(default=30.0, alias="defaultRequestTTL")
+    # Bands by priority; a priority no band names gets a band with the defaults.
+    priority_bands: tuple[PriorityBand, ...] = ()
+    saturation_detector: SaturationDetectorConfig = SaturationDetectorConfig()
+    # The header naming a request's flow (upstream's); no header: ``default-flow``.
+    fairness_header: str = Field(default="x-gateway-inference-fairness-id", min_length=1)
+    # The longest ext_proc message timeout the picker asks Envoy for (override_message_timeout) while
+    # a request waits: Envoy's filter must set max_message_timeout at least this high (every Envoy
+    # config in deploy/ does: 60s).
+    max_message_timeout: PositiveSeconds = 60.0
+
+    @field_validator("priority_bands")
+    @classmethod
+    def _unique_priorities(cls, bands: tuple[PriorityBand, ...]) -> tuple[PriorityBand, ...]:
+        seen: set[int] = set()
+        for i, band in enumerate(bands):
+            if band.priority in seen:
+                raise ValueError(f"[{i}].priority {band.priority} is listed twice")
+            seen.add(band.priority)
+        return bands
+
+    def band(self, priority: int) -> PriorityBand:
+        """The band of ``priority`` (one with the defaults when none is configured)."""
+        for band in self.priority_bands:
+            if band.priority == priority:
+                return band
+        return PriorityBand(priority=priority)
+
+    def ttl(self, priority: int) -> float:
+        band = self.band(priority)
+        return band.request_ttl if band.request_ttl is not None else self.default_request_ttl
+
+
 # The samplers of OTEL_TRACES_SAMPLER (the OpenTelemetry SDK's names).
 Sampler = Literal[
     "always_on",
@@ -430,6 +501,7 @@ class PointsmanConfig(_Model):
     redis: RedisConfig = RedisConfig()
     collector: CollectorConfig = CollectorConfig()
     picker: PickerConfig = PickerConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
     tracing: TracingConfig = TracingConfig()
     # Scheduling plugins and profiles; picker.profile names the one in use ("default", the #423 tree,
     # and "scorer" are built in).

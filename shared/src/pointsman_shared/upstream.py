@@ -63,6 +63,11 @@ IGNORED_PLUGINS = {
     "single-profile-handler": "a picker runs one profile",
 }
 ENDPOINT_PICKER_KIND = "EndpointPickerConfig"
+# An EndpointPickerConfig's flow-control keys, and the fields kept under their upstream names.
+FLOW_CONTROL_KEYS = ("featureGates", "flowControl", "saturationDetector")
+FLOW_CONTROL_FIELDS = ("maxBytes", "maxRequests", "defaultRequestTTL")
+BAND_FIELDS = ("priority", "maxBytes", "maxRequests", "requestTTL")
+DETECTOR_FIELDS = ("queueDepthThreshold", "kvCacheUtilThreshold")
 
 
 def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str, grpc: bool) -> None:
@@ -173,7 +178,8 @@ def from_endpoint_picker_config(doc: Mapping[str, Any], source: str) -> tuple[di
     profiles; the first profile is the one in use), and a warning per plugin left out."""
     problems: list[tuple[str, str]] = []
     warnings: list[str] = []
-    unknown = sorted(map(str, set(doc) - {"apiVersion", "kind", "plugins", "schedulingProfiles", "parser"}))
+    known_keys = {"apiVersion", "kind", "plugins", "schedulingProfiles", "parser", *FLOW_CONTROL_KEYS}
+    unknown = sorted(map(str, set(doc) - known_keys))
     problems += [(key, "not an EndpointPickerConfig field") for key in unknown]
     plugins: list[dict[str, Any]] = []
     dropped: set[str] = set()
@@ -206,7 +212,54 @@ def from_endpoint_picker_config(doc: Mapping[str, Any], source: str) -> tuple[di
     translated: dict[str, Any] = {"plugins": plugins, "profiles": profiles}
     if profiles:
         translated["picker"] = {"profile": profiles[0]["name"]}
+    flow = flow_control(doc, source, warnings, problems)
+    if problems:
+        raise ConfigError(source, problems)
+    if flow is not None:
+        translated["flowControl"] = flow
     return translated, warnings
+
+
+def flow_control(
+    doc: Mapping[str, Any], source: str, warnings: list[str], problems: list[tuple[str, str]]
+) -> dict[str, Any] | None:
+    """The EndpointPickerConfig's ``flowControl`` and ``saturationDetector`` sections (on with the
+    ``flowControl`` feature gate or a ``flowControl`` section), as ``flowControl``; the fields of the
+    same name are kept, the others named in a warning."""
+    gates = doc.get("featureGates") or []
+    section = doc.get("flowControl")
+    detector = doc.get("saturationDetector")
+    for key, value, kind in (
+        ("featureGates", gates, list),
+        ("flowControl", section, Mapping),
+        ("saturationDetector", detector, Mapping),
+    ):
+        if value is not None and not isinstance(value, kind):
+            problems.append((key, f"must be a {'list' if kind is list else 'mapping'}"))
+            return None
+    if not all(isinstance(gate, str) for gate in gates):
+        problems.append(("featureGates", "must be a list of strings"))
+        return None
+    if section is None and "flowControl" not in gates:
+        if detector is not None:
+            warnings.append(f"{source}: saturationDetector is left out: flow control is off")
+        return None
+    flow: dict[str, Any] = {"enabled": True}
+    for key, value in (section or {}).items():
+        key = str(key)
+        if key in FLOW_CONTROL_FIELDS:
+            flow[key] = value
+        elif key == "priorityBands":
+            bands = _items(value, "flowControl.priorityBands", problems)
+            flow[key] = [{k: v for k, v in band.items() if k in BAND_FIELDS} for band in bands]
+        else:
+            warnings.append(f"{source}: flowControl.{key} is left out: Pointsman has no such setting")
+    if isinstance(detector, Mapping):
+        kept = {k: v for k, v in detector.items() if k in DETECTOR_FIELDS}
+        for key in sorted(set(detector) - set(kept)):
+            warnings.append(f"{source}: saturationDetector.{key} is left out (picker.maxStaleness rules)")
+        flow["saturationDetector"] = kept
+    return flow
 
 
 def _items(value: Any, path: str, problems: list[tuple[str, str]]) -> Sequence[Mapping[str, Any]]:

@@ -32,7 +32,7 @@ from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_quality.picker_path import DirectorRouter, TwoPickers, prompt_text, request_body
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
-from pointsman_sim.fleet import Placement, TraceRequest
+from pointsman_sim.fleet import HOLD, Placement, TraceRequest
 
 DEST = "x-gateway-destination-endpoint"
 POOL = "quality-pool"
@@ -309,6 +309,8 @@ class SpannedRequest:
     max_tokens: int
     adapter: str | None
     tokens: tuple[Span, ...]
+    tenant: str | None = None
+    objective: str | None = None
 
 
 def test_prompt_text_spells_the_spans_and_requests_without_share_nothing() -> None:
@@ -348,3 +350,21 @@ def test_two_pickers_share_their_prefix_index_after_the_delay(shared: bool) -> N
         assert len(set(chosen)) == 1
     else:
         assert len(set(chosen)) == 2
+
+
+def test_with_flow_control_a_saturated_pool_holds_and_dispatch_places_later():
+    config = quality_config("default").model_copy(
+        update={"flow_control": parse_config({"flowControl": {"enabled": True}}).flow_control}
+    )
+    router = DirectorRouter(config, BASE, random.Random(SEED))
+    full = [replace(p, updated_at=0.0) for p in pool_pods(pod(5), pod(5))]
+    request = TraceRequest(1.0, 16, 4, None, tenant="quiet", objective=None)
+    assert router(request, full) is HOLD
+    assert router.dispatch(1.05, full) == []  # still saturated
+    free = [replace(p, updated_at=1.1) for p in pool_pods(pod(5), pod(0))]
+    [(placed, choice)] = router.dispatch(1.1, free)
+    assert placed is request
+    assert choice == Placement(1, None)
+    router.finished(request)
+    assert router.flow is not None
+    assert router.flow.waiting == 0

@@ -168,7 +168,11 @@ class Director:
         routing carries the path taken; a :class:`~pointsman_picker.errors.PickerError` raised after
         scheduling carries it too."""
         resolved = self.resolve(context)
-        candidates = self.candidates(resolved)
+        return self.place(resolved, self.candidates(resolved))
+
+    def place(self, resolved: Resolved, candidates: Candidates) -> Routing:
+        """Schedule and commit ``resolved`` among ``candidates`` (or send it to the FailOpen fallback):
+        the steps after :meth:`candidates`, for a layer that held the request in between."""
         if candidates.fallback is not None:
             return self._fail_open(resolved, candidates)
         return self.commit(resolved, candidates, self.schedule(resolved, candidates))
@@ -211,6 +215,10 @@ class Director:
         if snapshot is not None and now - snapshot.published_at > self._max_staleness:
             return None  # the collector (or Redis) has gone quiet: the failure mode decides
         return snapshot
+
+    def usable(self, snapshot: PoolSnapshot, now: float) -> Candidates:
+        """The usable pods of ``snapshot`` at ``now`` (see :meth:`candidates`)."""
+        return self._usable.get(snapshot, now)
 
     def candidates(self, resolved: Resolved) -> Candidates:
         """The usable pods now (fresh and healthy; all of them, stale, when none is); the FailOpen

@@ -10,6 +10,10 @@ Each error carries the HTTP status Envoy answers with, upstream's canonical erro
     ├── UnknownModel    404  no InferenceModel for ``model`` (with picker.passthroughUnknownModels off)
     ├── BodyTooLarge    413  body over ``picker.maxBodyBytes``
     ├── NoCapacity      429  the scheduler dropped a sheddable request
+    │   ├── QueueFull   429  flow control: the request's band or the whole queue is at its bound
+    │   └── ShedExpired 429  flow control: a sheddable request waited its band's time limit
+    ├── QueueExpired    503  flow control: a request that may not be shed waited its time limit
+    ├── Evicted         503  flow control: the picker stopped while the request waited
     ├── NoEndpoints     503  no pod, or no snapshot under FailClose
     └── Internal        500  anything else
 """
@@ -54,6 +58,26 @@ class NoCapacity(PickerError):
     status = 429
     code = "InferencePoolResourceExhausted"
     result = "no_capacity"
+
+
+class QueueFull(NoCapacity):
+    result = "queue_full"
+
+
+class ShedExpired(NoCapacity):
+    result = "queue_expired"
+
+
+class QueueExpired(PickerError):
+    status = 503
+    code = "ServiceUnavailable"
+    result = "queue_expired"
+
+
+class Evicted(PickerError):
+    status = 503
+    code = "ServiceUnavailable"
+    result = "evicted"
 
 
 class NoEndpoints(PickerError):

@@ -29,6 +29,9 @@ from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, native_methods
 from pointsman_picker.extproc.stream import StreamSettings
+from pointsman_picker.flowcontrol.controller import FlowController
+from pointsman_picker.flowgate import FlowGate
+from pointsman_picker.flowmetrics import FlowCollector, FlowControlMetrics
 from pointsman_picker.h2grpc.config import Http2Config
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
@@ -87,8 +90,15 @@ class PickerApp:
         self.metrics = PickerMetrics(registry)
         registry.register(SnapshotCollector(source, config.pool.name, clock))
         self.director = Director(config, source, self.metrics, rng=rng, clock=clock, timer=time.perf_counter)
+        # Flow control (off by default): requests wait in the picker while the pool is saturated.
+        self.flow: FlowGate | None = None
+        if config.flow_control.enabled:
+            flow_metrics = FlowControlMetrics(registry)
+            controller = FlowController(self.director, config, clock=clock, metrics=flow_metrics)
+            registry.register(FlowCollector(controller, flow_metrics.flows, config.pool.name))
+            self.flow = FlowGate(controller)
         self.service = ExtProcService(
-            self.director.route,
+            self.flow.route if self.flow is not None else self.director.route,
             stream_settings(config),
             on_error=self._record_error,
             on_complete=self.metrics.completed,
@@ -124,6 +134,8 @@ class PickerApp:
         for what, old, new in _restart_only(self.config, config):
             log.warning("config: %s changed (%s -> %s); it takes effect after a restart", what, old, new)
         self.director.reconfigure(config)
+        if self.flow is not None:
+            self.flow.controller.reconfigure(config)
         self.service.settings = stream_settings(config)
         self.config = config
         log.info("config reloaded: %d models", len(config.models))
@@ -148,6 +160,8 @@ class PickerApp:
         """A routed request's stream ended: its assignment is over, and it no longer runs."""
         self.director.release(routing)
         self.metrics.finished(routing)
+        if self.flow is not None:
+            self.flow.finished(routing)
 
     def _record_error(self, error: PickerError) -> None:
         self.metrics.failed(error.model, error.target, error.code, self.director.profile, error.result)
@@ -158,6 +172,8 @@ class PickerApp:
         await self.source.start()
         if self.prefix_sync is not None:
             await self.prefix_sync.start()
+        if self.flow is not None:
+            self.flow.start()
 
         if picker.server == "native":
             self._native = GrpcServer(
@@ -217,6 +233,9 @@ class PickerApp:
             self._ready_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ready_task
+        if self.flow is not None:
+            # Before the servers stop: every waiting request gets its answer (503) while they can send.
+            await self.flow.drain()
         if self._server is not None or self._native is not None:
             log.info("stopping: %d open streams, grace %.1fs", self.service.open_streams, grace)
             self.service.shutting_down(grace)
@@ -264,6 +283,7 @@ def stream_settings(config: PointsmanConfig) -> StreamSettings:
         picker.explain_header.lower() if picker.explain_header else None,
         picker.objective_header.lower(),
         models_listing(config),
+        config.flow_control.max_message_timeout,
     )
 
 
@@ -287,6 +307,7 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
         ("picker.http2", Http2Config.of(old.picker.http2), Http2Config.of(new.picker.http2)),
         ("redis", old.redis.display, new.redis.display),
         ("pool.name", old.pool.name, new.pool.name),
+        ("flowControl.enabled", old.flow_control.enabled, new.flow_control.enabled),
         ("tracing", old.tracing, new.tracing),
     ]
     return [(what, a, b) for what, a, b in pairs if a != b]

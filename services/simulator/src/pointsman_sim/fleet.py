@@ -5,10 +5,17 @@ its pod from the pods' latest snapshots; the request is queued there at once), a
 finished requests are recorded and its next step starts at the same instant), and a snapshot round
 (every ``snapshot_interval`` seconds, like the collector's scrape loop, each pod's snapshot is
 refreshed from its engine). Routing thus sees metrics up to one interval old, as it does live.
+
+A router may also :data:`HOLD` a request (a gateway's flow control) and place it later: ``dispatch``
+is asked after every arrival, every snapshot round and every step that finished requests, and
+returns the held requests it places (or sheds) then. A held request's time to first token counts
+from its arrival, its wait included.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -27,6 +34,10 @@ class TraceRequest:
     prompt_tokens: int
     max_tokens: int
     adapter: str | None = None
+    tenant: str | None = None
+    """Who sent it (a gateway's fairness id)."""
+    objective: str | None = None
+    """The InferenceObjective it names (its priority: negative is sheddable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +48,19 @@ class Placement:
     adapter: str | None
 
 
-Router = Callable[[TraceRequest, Sequence[PodSnapshot]], "int | Placement | None"]
+class Hold(enum.Enum):
+    HOLD = "hold"
+
+
+HOLD = Hold.HOLD
+"""What a router returns for a request it holds, to place it through ``dispatch`` later."""
+
+Router = Callable[[TraceRequest, Sequence[PodSnapshot]], "int | Placement | Hold | None"]
 """Picks the pod that serves a request (its index, or a :class:`Placement`), from every pod's latest
-snapshot; ``None`` sheds the request (a gateway's 429)."""
+snapshot; ``None`` sheds the request (a gateway's 429); :data:`HOLD` keeps it for ``dispatch``."""
+
+Dispatch = Callable[[float, Sequence[PodSnapshot]], "Sequence[tuple[TraceRequest, int | Placement | None]]"]
+"""Told the time and the pods' latest snapshots; returns held requests with their choice, to place now."""
 
 FinishSink = Callable[[int, "Served"], None]
 """Told each request that ends, by its index in the trace, at the moment it ends."""
@@ -90,9 +111,11 @@ def run_fleet(
     *,
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL,
     on_finish: FinishSink | None = None,
+    dispatch: Dispatch | None = None,
 ) -> FleetResult:
     """Run the trace (sorted by arrival) through one engine per config until every request ends;
-    ``on_finish`` hears of each request as it ends (a router that counts in-flight requests)."""
+    ``on_finish`` hears of each request as it ends (a router that counts in-flight requests);
+    ``dispatch`` places the requests the router held."""
     if snapshot_interval <= 0:
         raise ValueError(f"snapshot_interval must be positive, got {snapshot_interval}")
     engines = [Engine(config) for config in configs]
@@ -111,45 +134,67 @@ def run_fleet(
     last_arrival = max((r.arrival for r in trace), default=0.0)
     heapq.heappush(events, (snapshot_interval, _SNAPSHOT, next(order), 0))
     now = 0.0
+    held: dict[int, int] = {}  # id() of a held trace request -> its index
 
-    def start_step(pod: int, at: float) -> None:
+    def start_step(pod: int, at: float) -> bool:
+        """Step ``pod`` from ``at``; whether requests finished."""
         engine = engines[pod]
+        ended = False
         while engine.has_work:
             result = engine.step(at)
             for finished in result.finished:
+                ended = True
+                index = int(finished.request_id[1:])
+                if finished.arrived_at != trace[index].arrival:  # held: its wait counts
+                    finished = dataclasses.replace(finished, arrived_at=trace[index].arrival)
                 done = Served(pod, finished)
                 served.append(done)
                 if on_finish is not None:
-                    on_finish(int(finished.request_id[1:]), done)
+                    on_finish(index, done)
             if result.duration:
                 stepping[pod] = True
                 heapq.heappush(events, (result.ends_at, _STEP_END, next(order), pod))
-                return
+                return ended
         stepping[pod] = False
+        return ended
+
+    def place(index: int, choice: int | Placement | None) -> None:
+        nonlocal shed, rejected
+        if choice is None:
+            shed += 1
+            return
+        request = trace[index]
+        pod, adapter = (choice, request.adapter) if isinstance(choice, int) else (choice.pod, choice.adapter)
+        try:
+            engines[pod].submit(f"r{index}", request.prompt_tokens, request.max_tokens, adapter, now)
+        except RequestRejected:
+            rejected += 1
+            return
+        if not stepping[pod]:
+            start_step(pod, now)
+
+    def place_held() -> None:
+        if dispatch is not None and held:
+            for request, choice in dispatch(now, snapshots):
+                place(held.pop(id(request)), choice)
 
     while events:
         now, kind, _, index = heapq.heappop(events)
         if kind == _ARRIVAL:
             request = trace[index]
             choice = router(request, snapshots)
-            if choice is None:
-                shed += 1
-                continue
-            pod, adapter = (
-                (choice, request.adapter) if isinstance(choice, int) else (choice.pod, choice.adapter)
-            )
-            try:
-                engines[pod].submit(f"r{index}", request.prompt_tokens, request.max_tokens, adapter, now)
-            except RequestRejected:
-                rejected += 1
-                continue
-            if not stepping[pod]:
-                start_step(pod, now)
+            if choice is HOLD:
+                held[id(request)] = index
+            else:
+                place(index, choice)
+            place_held()
         elif kind == _STEP_END:
-            start_step(index, now)
+            if start_step(index, now):
+                place_held()
         else:
             snapshots = [pod_snapshot(a, e, now) for a, e in zip(addresses, engines, strict=True)]
-            if now < last_arrival:
+            place_held()
+            if now < last_arrival or held:
                 heapq.heappush(events, (now + snapshot_interval, _SNAPSHOT, next(order), 0))
     return FleetResult(
         served=tuple(served),

@@ -116,6 +116,9 @@ class EnvoyOptions:
     # Envoy's default (200 ms) fails requests on a GC pause or a slow Redis read; the picker answers in
     # milliseconds, so this only bounds a hung picker.
     message_timeout_s: float = 5.0
+    # The longest a request held by the picker's flow control may ask Envoy to wait for its answer
+    # (override_message_timeout; flowControl.maxMessageTimeout must not ask for more).
+    max_message_timeout_s: float = 60.0
     # Streams of generated tokens can last minutes; the default route timeout (15 s) would cut them.
     route_timeout_s: float = 3600.0
     # Envoy warns at start-up when nothing bounds the open client connections.
@@ -376,6 +379,7 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             # Picker unreachable or too slow: 503 (Envoy's default, 500, reads like a bug in the picker).
             "status_on_error": {"code": "ServiceUnavailable"},
             "message_timeout": _duration(options.message_timeout_s),
+            "max_message_timeout": _duration(options.max_message_timeout_s),
             # BUFFERED body with SEND headers is the one mode where Envoy keeps Content-Length, and then
             # the picker must set it to the length of the body it returns (Envoy answers 500 on a
             # mismatch).

@@ -33,11 +33,13 @@ from pointsman_quality.scenario import Scenario, ScenarioError
 from pointsman_quality.workload import ModelMix
 from pointsman_shared.config import ConfigError, PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot
-from pointsman_sim.fleet import Placement, RoundRobin, TraceRequest
+from pointsman_sim.fleet import Hold, Placement, RoundRobin, TraceRequest
 
 
 class Router(Protocol):
-    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int | Placement | None: ...
+    def __call__(
+        self, request: TraceRequest, pods: Sequence[PodSnapshot]
+    ) -> int | Placement | Hold | None: ...
 
     def finished(self, request: TraceRequest) -> None: ...
 

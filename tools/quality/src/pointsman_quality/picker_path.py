@@ -14,6 +14,12 @@ without spans shares nothing, so its text starts with its own number.
 ``shared``, what one picker's prefix index records reaches the other's ``delay`` seconds later (an
 in-process stand-in for the Redis stream of :mod:`pointsman_picker.prefix_sync`, whose sync runs every
 50 ms: the default delay is that interval plus a round trip); without, each has its own index only.
+
+With ``flowControl.enabled`` the router goes through the picker's
+:class:`~pointsman_picker.flowcontrol.controller.FlowController`: a request it holds is the fleet
+driver's :data:`~pointsman_sim.fleet.HOLD`, and :meth:`DirectorRouter.dispatch` pumps the controller
+(as the picker's flow gate does on a snapshot, a finished request, or its timer) and hands over what
+it answered.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from typing import Any
 from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
+from pointsman_picker.flowcontrol.controller import FlowController, Waiting
 from pointsman_picker.interfaces import NoMetrics
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.prefix_cache import Announcement, PrefixCacheProducer
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
-from pointsman_sim.fleet import Placement, TraceRequest
+from pointsman_sim.fleet import HOLD, Hold, Placement, TraceRequest
 
 
 class FleetSnapshots:
@@ -76,29 +83,61 @@ class DirectorRouter:
         )
         self._index: dict[str, int] = {}
         self._routings: dict[int, Routing] = {}  # by id() of the trace request, while it runs
-        self._bodies: dict[tuple[str | None, int], bytes] = {}
         self._count = 0
         self.errors: dict[int, int] = {}  # HTTP status -> count
+        self.flow: FlowController | None = None
+        if config.flow_control.enabled:
+            self.flow = FlowController(self.director, config, clock=lambda: self.now)
+        self._answered: list[tuple[TraceRequest, Routing | PickerError]] = []
 
-    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | None:
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | Hold | None:
         self.now = request.arrival
-        if self._snapshots.update(pods):
-            self._index = {pod.address: i for i, pod in enumerate(pods)}
+        self._see(pods)
+        headers = {"x-gateway-inference-fairness-id": request.tenant} if request.tenant else {}
+        context = RequestContext(str(id(request)), self._body(request), headers, request.objective)
         try:
-            context = RequestContext(str(id(request)), self._body(request))
-            routing = self.director.route(context)
+            if self.flow is None:
+                return self._choice(request, self.director.route(context))
+            result = self.flow.route(context)
         except PickerError as exc:
-            self.errors[exc.status] = self.errors.get(exc.status, 0) + 1
-            return None
-        self._routings[id(request)] = routing
-        target = routing.target or request.adapter
-        return Placement(self._index[routing.endpoint], None if target == self._base else target)
+            return self._choice(request, exc)
+        if isinstance(result, Waiting):
+            result.answer = lambda answer: self._answered.append((request, answer))
+            return HOLD
+        return self._choice(request, result)
+
+    def dispatch(
+        self, now: float, pods: Sequence[PodSnapshot]
+    ) -> list[tuple[TraceRequest, Placement | None]]:
+        """The held requests the flow controller answers at ``now``, each with its pod (``None``:
+        refused or expired)."""
+        if self.flow is None:
+            return []
+        self.now = now
+        self._see(pods)
+        self.flow.pump()
+        answered, self._answered = self._answered, []
+        return [(request, self._choice(request, answer)) for request, answer in answered]
 
     def finished(self, request: TraceRequest) -> None:
         """``request`` has ended: its ext_proc stream closes, as live."""
         routing = self._routings.pop(id(request), None)
         if routing is not None:
             self.director.release(routing)
+            if self.flow is not None:
+                self.flow.finished(routing)
+
+    def _see(self, pods: Sequence[PodSnapshot]) -> None:
+        if self._snapshots.update(pods):
+            self._index = {pod.address: i for i, pod in enumerate(pods)}
+
+    def _choice(self, request: TraceRequest, answer: Routing | PickerError) -> Placement | None:
+        if isinstance(answer, PickerError):
+            self.errors[answer.status] = self.errors.get(answer.status, 0) + 1
+            return None
+        self._routings[id(request)] = answer
+        target = answer.target or request.adapter
+        return Placement(self._index[answer.endpoint], None if target == self._base else target)
 
     def _body(self, request: TraceRequest) -> bytes:
         model = request.adapter or self._base
@@ -162,7 +201,7 @@ class TwoPickers:
                 out[status] = out.get(status, 0) + count
         return out
 
-    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | None:
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | Hold | None:
         now = request.arrival
         if self._shared:
             self._deliver(now)
@@ -176,6 +215,12 @@ class TwoPickers:
                 if sent:
                     self._inbound[1 - i].append((now + self._delay, sent))
         return placement
+
+    def dispatch(
+        self, now: float, pods: Sequence[PodSnapshot]
+    ) -> list[tuple[TraceRequest, Placement | None]]:
+        """What each picker's flow controller answers at ``now`` (each holds its own requests)."""
+        return [answer for picker in self.pickers for answer in picker.dispatch(now, pods)]
 
     def _deliver(self, now: float) -> None:
         for picker, inbound in zip(self.pickers, self._inbound, strict=True):

@@ -113,7 +113,15 @@ def run(
     for repeat in range(repeats):
         trace = build_trace(scenario, rate, duration, repeat)
         router = contender.router(scenario, repeat)
-        results.append(run_fleet(engines, trace, router, on_finish=_releaser(trace, router)))
+        results.append(
+            run_fleet(
+                engines,
+                trace,
+                router,
+                on_finish=_releaser(trace, router),
+                dispatch=getattr(router, "dispatch", None),
+            )
+        )
         requests += len(trace)
     return stats(rate, requests, results, len(engines))
 

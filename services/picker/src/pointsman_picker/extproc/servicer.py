@@ -6,6 +6,7 @@ GrpcServer`; :class:`GrpcioServicer` into grpc.aio.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -16,6 +17,7 @@ from google.protobuf.message import DecodeError
 from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
+    DeferredSink,
     ErrorSink,
     Metadata,
     Phase,
@@ -54,7 +56,8 @@ class ExtProcService:
         self.unfinished_streams = 0
         self._cut_after: float | None = None  # on the clock: when shutdown's grace runs out
 
-    def open(self, metadata: Metadata = ()) -> RequestStream:
+    def open(self, metadata: Metadata = (), deferred: DeferredSink | None = None) -> RequestStream:
+        """A stream; ``deferred`` sends the answers of a request held by flow control, later."""
         self.open_streams += 1
         return RequestStream(
             self._route,
@@ -62,6 +65,7 @@ class ExtProcService:
             on_error=self._on_error,
             on_complete=self._on_complete,
             clock=self._clock,
+            deferred=deferred,
             tracer=self.tracer,
             metadata=metadata,
         )
@@ -78,6 +82,7 @@ class ExtProcService:
     def close(self, stream: RequestStream, *, cut_short: bool) -> None:
         """``stream`` ended: ``cut_short`` when by a cancel or a reset, else by Envoy's half-close."""
         self.open_streams -= 1
+        stream.abandon()
         if stream.routing is not None:
             self._on_finish(stream.routing)
         if self._cut_after is not None and self._clock() >= self._cut_after:
@@ -94,14 +99,22 @@ class GrpcioServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> None:
+        later: asyncio.Queue[list[pb.ProcessingResponse]] = asyncio.Queue()
         service = self._service
-        stream = service.open(context.invocation_metadata() or () if service.tracer is not None else ())
+        stream = service.open(
+            context.invocation_metadata() or () if service.tracer is not None else (), later.put_nowait
+        )
         try:
             # context.read()/write() rather than the request iterator and yield: grpc.aio's iterator
             # path wraps every message in extra tasks (measured: see docs/picker.md, "Speed").
             while (message := await context.read()) is not grpc.aio.EOF:
                 for response in stream.handle(message):
                     await context.write(response)
+                if stream.phase is Phase.QUEUED:
+                    # Held: Envoy sends nothing more until it has the answer. A client that goes away
+                    # cancels this task, and close() takes the request out of the queue.
+                    for response in await later.get():
+                        await context.write(response)
         finally:
             # grpc.aio ends the request iterator like a half-close when shutdown's grace runs out.
             self._service.close(stream, cut_short=context.cancelled())
@@ -115,7 +128,7 @@ class _ProcessCall:
     def __init__(self, service: ExtProcService, server_stream: ServerStream) -> None:
         self._service = service
         self._server_stream = server_stream
-        self._stream = service.open(server_stream.metadata)
+        self._stream = service.open(server_stream.metadata, self._send_later)
         self._done = False
 
     def message(self, payload: bytes) -> None:
@@ -128,6 +141,12 @@ class _ProcessCall:
         send = self._server_stream.send
         for response in self._stream.handle(request):
             send(response.SerializeToString())
+
+    def _send_later(self, answers: list[pb.ProcessingResponse]) -> None:
+        if not self._done:
+            send = self._server_stream.send
+            for response in answers:
+                send(response.SerializeToString())
 
     def half_closed(self) -> None:
         self._server_stream.finish()

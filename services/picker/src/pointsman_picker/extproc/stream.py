@@ -2,6 +2,7 @@
 
     HEADERS --headers, end_of_stream--> route without a body --> ROUTED
     HEADERS --headers--> BODY --chunks ... end_of_stream--> route --> ROUTED --response...--> DONE
+    route --held by flow control--> QUEUED --answer later--> ROUTED (or FAILED)
     any error (400/404/413/429/500/503) --> FAILED (an ImmediateResponse was sent)
     GET /v1/models with configured models --> ANSWERED (the picker lists them itself)
 
@@ -16,6 +17,11 @@ announces in ``protocol_config``:
   arrives after its headers cannot steer the route: use BUFFERED or FULL_DUPLEX_STREAMED.)
 - FULL_DUPLEX_STREAMED: nothing is answered until the body is complete; then the header answer
   (route, Content-Length), then the body in chunks of at most 62,000 bytes.
+
+A request that flow control holds gets no answer yet: the stream asks Envoy to wait for it (one
+``override_message_timeout`` response, the band's time limit plus a second, capped by
+``flowControl.maxMessageTimeout``) and answers through the ``deferred`` sink when the controller
+answers. A stream closed while QUEUED cancels its place in the queue (:meth:`RequestStream.abandon`).
 
 When Envoy also sends the response, it is counted (status, sizes, duration, usage tokens) and passed
 through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends.
@@ -32,6 +38,7 @@ from typing import Any, Protocol
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import duration_pb2
 
 from pointsman_picker.context import NO_HEADERS, RequestContext
 from pointsman_picker.errors import BodyTooLarge, Internal, PickerError
@@ -49,7 +56,21 @@ _EVENT_STREAM = "text/event-stream"
 _LOG_LEVELS = {429: logging.DEBUG, 503: logging.DEBUG, 500: logging.WARNING}
 _MAX_REQUEST_ID = 128
 
-RouteRequest = Callable[[RequestContext], Routing]
+
+class Deferred(Protocol):
+    """A request held for later (flow control's ``Waiting``): the stream sets ``answer``, which is
+    called once with the routing or the error; ``cancel`` gives up its place."""
+
+    answer: Callable[[Routing | PickerError], None] | None
+    ttl: float
+
+    def cancel(self) -> None: ...
+
+
+RouteRequest = Callable[[RequestContext], "Routing | Deferred"]
+DeferredSink = Callable[[list[pb.ProcessingResponse]], None]
+# Envoy's own margin past the queue time limit: the picker answers the expiry itself, first.
+_TIMEOUT_MARGIN = 1.0
 ErrorSink = Callable[[PickerError], None]
 Clock = Callable[[], float]
 
@@ -80,6 +101,7 @@ log = logging.getLogger("pointsman_picker.stream")
 class Phase(enum.Enum):
     HEADERS = "headers"
     BODY = "body"
+    QUEUED = "queued"  # held by flow control: the answer comes later
     ROUTED = "routed"
     DONE = "done"  # the response ended too
     FAILED = "failed"
@@ -95,6 +117,8 @@ class StreamSettings:
     objective_header: str = "x-gateway-inference-objective"
     # The answer to GET /v1/models: the model names clients send (None: a pod answers, as for any GET).
     models_listing: bytes | None = None
+    # The longest message timeout a held request asks Envoy for (flowControl.maxMessageTimeout).
+    max_message_timeout: float = 60.0
 
 
 class RequestLog(logging.LoggerAdapter[logging.Logger]):
@@ -116,11 +140,16 @@ class RequestStream:
         on_error: ErrorSink,
         on_complete: CompletionSink | None = None,
         clock: Clock | None = None,
+        deferred: DeferredSink | None = None,
         tracer: Tracer | None = None,
         metadata: Metadata = (),
     ) -> None:
         """``metadata`` is the gRPC call's (read only by ``tracer``, for the trace context)."""
         self._route = route
+        self._deferred = deferred
+        self._waiting: Deferred | None = None
+        self._held_chunks = 1
+        self._span: DecisionSpan | None = None
         self._tracer = tracer
         self._metadata = metadata
         self._settings = settings
@@ -151,7 +180,7 @@ class RequestStream:
         if message.HasField("protocol_config"):
             self._body_mode = message.protocol_config.request_body_mode
             self._response_body_mode = message.protocol_config.response_body_mode
-        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
+        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED or self.phase is Phase.QUEUED:
             return []
         kind = message.WhichOneof("request")
         if kind == "request_headers":
@@ -224,7 +253,7 @@ class RequestStream:
         if self._tracer is not None:
             span = self._tracer.start(self.request_id, self._headers, self._metadata)
         try:
-            routing = self._route(
+            result = self._route(
                 RequestContext(
                     self.request_id,
                     body,
@@ -243,8 +272,52 @@ class RequestStream:
             if span is not None:
                 span.failed(error)
             return self._fail(error)
+        if not isinstance(result, Routing):
+            self._span = span  # ends with the answer
+            return self._hold(result, chunks)
         if span is not None:
-            span.routed(routing)
+            span.routed(result)
+        return self._routed(result, chunks)
+
+    def _hold(self, waiting: Deferred, chunks: int) -> list[pb.ProcessingResponse]:
+        if self._deferred is None:
+            waiting.cancel()
+            return self._fail(Internal("a held request on a stream that cannot answer later"))
+        self.phase = Phase.QUEUED
+        self._waiting = waiting
+        self._held_chunks = chunks
+        waiting.answer = self._answered
+        self.log.debug("held by flow control")
+        timeout = min(waiting.ttl + _TIMEOUT_MARGIN, self._settings.max_message_timeout)
+        extend = duration_pb2.Duration()
+        extend.FromNanoseconds(int(timeout * 1e9))
+        return [pb.ProcessingResponse(override_message_timeout=extend)]
+
+    def _answered(self, result: Routing | PickerError) -> None:
+        """Flow control's answer for the held request: out through the deferred sink."""
+        if self.phase is not Phase.QUEUED or self._deferred is None:
+            return
+        self._waiting = None
+        span, self._span = self._span, None
+        if isinstance(result, PickerError):
+            if span is not None:
+                span.failed(result)
+            answers = self._fail(result)
+        else:
+            if span is not None:
+                span.routed(result)
+            answers = self._routed(result, self._held_chunks)
+        self._deferred(answers)
+
+    def abandon(self) -> None:
+        """The stream ended: a held request leaves the queue unanswered."""
+        waiting = self._waiting
+        if waiting is not None:
+            self._waiting = None
+            self.phase = Phase.FAILED
+            waiting.cancel()
+
+    def _routed(self, routing: Routing, chunks: int) -> list[pb.ProcessingResponse]:
         self.phase = Phase.ROUTED
         self.routing = routing
         settings = self._settings

@@ -1,0 +1,288 @@
+"""The flow controller: the director's steps with a wait between resolve and schedule.
+
+A request is placed at once while nothing waits and the pool has room (scheduled among the pods with
+room); otherwise, or when the profile's terminal branch would drop it, it waits in the
+:class:`~.queue.FlowQueue` and its stream gets a :class:`Waiting` instead of a routing. :meth:`pump`
+(called by the asyncio edge when a snapshot arrives, a request ends, or a deadline comes) answers the
+expired, then dispatches from the head while the pool has room, each one scheduled afresh on the
+newest snapshot. Every waiting request is answered exactly once: dispatched, refused, expired or
+evicted by :meth:`drain`; or it is cancelled (its client went away) and never answered.
+
+Pure: the clock comes in as an argument, the peers' counts through a callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from pointsman_picker import errors
+from pointsman_picker.context import RequestContext, Resolved
+from pointsman_picker.director import Candidates, Director
+from pointsman_picker.flowcontrol.queue import Bounds, Entry, FlowQueue, Full
+from pointsman_picker.flowcontrol.saturation import Thresholds, room, saturation
+from pointsman_picker.routing import Routing
+from pointsman_picker.scheduling.assignments import RecentAssignments
+from pointsman_picker.scheduling.indexed import indexed
+from pointsman_picker.scheduling.types import Pods
+from pointsman_shared.config import FlowControlConfig, PointsmanConfig, PriorityBand
+
+DEFAULT_FLOW = "default-flow"  # upstream's flow for a request without a fairness id
+_MAX_FLOW_ID = 128
+
+Answer = Callable[["Routing | errors.PickerError"], None]
+
+
+class FlowMetrics(Protocol):
+    def waited(self, priority: int, flow: str, outcome: str, seconds: float) -> None:
+        """A request left the queue after ``seconds``; ``outcome`` as upstream's label."""
+
+
+class NoFlowMetrics:
+    def waited(self, priority: int, flow: str, outcome: str, seconds: float) -> None:
+        pass
+
+
+# Upstream's outcome labels of inference_extension_flow_control_request_queue_duration_seconds.
+DISPATCHED = "Dispatched"
+REJECTED_CAPACITY = "RejectedCapacity"
+EVICTED_TTL = "EvictedTTL"
+EVICTED_CANCELLED = "EvictedContextCancelled"
+EVICTED_OTHER = "EvictedOther"
+REJECTED_OTHER = "RejectedOther"
+
+
+class Waiting:
+    """A request held in the queue. Its stream sets :attr:`answer` (called once, later: never from
+    within :meth:`FlowController.route`) and calls :meth:`cancel` when its client goes away."""
+
+    __slots__ = ("_controller", "answer", "entry", "resolved", "ttl")
+
+    def __init__(self, controller: FlowController, resolved: Resolved, ttl: float) -> None:
+        self._controller = controller
+        self.resolved = resolved
+        self.ttl = ttl  # its band's time limit
+        self.entry: Entry[Waiting] | None = None
+        self.answer: Answer | None = None
+
+    def cancel(self) -> None:
+        self._controller.cancel(self)
+
+
+class FlowController:
+    def __init__(
+        self,
+        director: Director,
+        config: PointsmanConfig,
+        *,
+        clock: Callable[[], float],
+        metrics: FlowMetrics | None = None,
+        peers: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
+        """``clock`` is the director's (wall time); ``peers`` gives the other pickers' recent
+        assignments per pod address (counted as waiting, like this picker's own)."""
+        self._director = director
+        self._clock = clock
+        self._metrics = metrics or NoFlowMetrics()
+        self._peers = peers
+        # This picker's own assignments a scrape has not shown yet, whatever the profile counts.
+        self._recent = RecentAssignments(config.picker.max_staleness)
+        self._queue: FlowQueue[Waiting] = FlowQueue(Bounds(1, 1), {}, Bounds(1, 1))
+        self._closed = False  # drained: from then on, requests are placed at once (the picker stops)
+        self.reconfigure(config)
+
+    def reconfigure(self, config: PointsmanConfig) -> None:
+        """New bounds and thresholds from the next request on (those waiting keep their deadline)."""
+        flow = config.flow_control
+        self._config: FlowControlConfig = flow
+        self._thresholds = Thresholds.of(flow, config.scheduling)
+        self._fairness_header = flow.fairness_header.lower()
+        bands = {b.priority: Bounds(b.max_requests, b.max_bytes) for b in flow.priority_bands}
+        default = PriorityBand(priority=0)  # the bounds of a priority no band names
+        old = self._queue
+        self._queue = FlowQueue(
+            Bounds(flow.max_requests, flow.max_bytes), bands, Bounds(default.max_requests, default.max_bytes)
+        )
+        for entry in old.drain():  # keep the waiting ones, in order, with their deadlines
+            moved = self._queue.push(
+                entry.item,
+                priority=entry.priority,
+                flow=entry.flow,
+                size=entry.size,
+                now=entry.enqueued,
+                ttl=entry.deadline - entry.enqueued,
+                force=True,
+            )
+            entry.item.entry = moved
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def queue(self) -> FlowQueue[Waiting]:
+        return self._queue
+
+    def route(self, context: RequestContext) -> Routing | Waiting:
+        """Place the request now, or hold it: a :class:`Waiting`, or a
+        :class:`~pointsman_picker.errors.PickerError` raised (bad request, queue full, ...)."""
+        director = self._director
+        resolved = director.resolve(context)
+        candidates = director.candidates(resolved)
+        if self._closed or candidates.fallback is not None:
+            return self._placed(director.place(resolved, candidates))
+        roomy = None if self._queue else self._with_room(candidates)
+        if roomy is not None:
+            try:
+                return self._placed(director.place(resolved, roomy))
+            except errors.NoCapacity:
+                pass  # the profile's terminal branch dropped it: under flow control it waits instead
+        now = candidates.now
+        flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
+        priority = resolved.priority
+        ttl = self._config.ttl(priority)
+        waiting = Waiting(self, resolved, ttl)
+        size = len(context.body) if context.body is not None else 0
+        try:
+            waiting.entry = self._queue.push(
+                waiting, priority=priority, flow=flow, size=size, now=now, ttl=ttl
+            )
+        except Full as full:
+            self._metrics.waited(priority, flow, REJECTED_CAPACITY, 0.0)
+            raise errors.QueueFull(
+                f"flow control: {full}", model=resolved.model, target=resolved.target
+            ) from None
+        return waiting
+
+    def pump(self) -> int:
+        """Answer what expired, then dispatch while the pool has room; how many were answered."""
+        queue = self._queue
+        if not queue:
+            return 0
+        now = self._clock()
+        answered = 0
+        for overdue in queue.expired(now):
+            answered += 1
+            self._expire(overdue, now)
+        director = self._director
+        while (entry := queue.head()) is not None:
+            waiting = entry.item
+            resolved = waiting.resolved
+            try:
+                candidates = director.candidates(resolved)
+            except errors.PickerError as exc:
+                queue.pop()
+                answered += 1
+                self._answer(entry, exc, REJECTED_OTHER, now)
+                continue
+            roomy = candidates if candidates.fallback is not None else self._with_room(candidates)
+            if roomy is None:
+                break
+            try:
+                routing: Routing | errors.PickerError = self._placed(director.place(resolved, roomy))
+            except errors.NoCapacity:
+                break  # the profile would drop it now: it keeps its place (until its time limit)
+            except errors.PickerError as exc:
+                routing = exc
+            queue.pop()
+            answered += 1
+            self._answer(entry, routing, DISPATCHED if isinstance(routing, Routing) else REJECTED_OTHER, now)
+        return answered
+
+    def next_deadline(self) -> float | None:
+        return self._queue.next_deadline()
+
+    def cancel(self, waiting: Waiting) -> None:
+        """``waiting``'s client went away: it leaves the queue, unanswered."""
+        entry = waiting.entry
+        if entry is not None and self._queue.remove(entry):
+            self._metrics.waited(
+                entry.priority, entry.flow, EVICTED_CANCELLED, self._clock() - entry.enqueued
+            )
+
+    def drain(self) -> int:
+        """The picker stops: answer every waiting request (503); how many there were."""
+        self._closed = True
+        now = self._clock()
+        entries = self._queue.drain()
+        for entry in entries:
+            resolved = entry.item.resolved
+            error = errors.Evicted(
+                "the picker stopped while the request waited", model=resolved.model, target=resolved.target
+            )
+            self._answer(entry, error, EVICTED_OTHER, now)
+        return len(entries)
+
+    def finished(self, routing: Routing) -> None:
+        """A routed request ended: it waits nowhere any more."""
+        if routing.ticket is not None:
+            self._recent.finished(routing.ticket)
+
+    def saturation(self) -> float:
+        """The pool's saturation as the detector sees it now (0 without a usable snapshot)."""
+        snapshot = self._director.fresh_snapshot(self._clock())
+        if snapshot is None:
+            return 0.0
+        pods = self._loaded(self._director.usable(snapshot, self._clock()))
+        return saturation(pods, self._thresholds, self._peer_counts())
+
+    def _placed(self, routing: Routing) -> Routing:
+        if routing.ticket is not None:
+            self._recent.record(routing.ticket)
+        return routing
+
+    def _loaded(self, candidates: Candidates) -> Pods:
+        return self._recent.adjust(
+            candidates.pods, candidates.positions, not_before=candidates.now - self._recent.horizon
+        )
+
+    def _peer_counts(self) -> Mapping[str, int]:
+        return self._peers() if self._peers is not None else {}
+
+    def _with_room(self, candidates: Candidates) -> Candidates | None:
+        """``candidates`` cut to the pods with room (the request is scheduled among those: a pod past
+        its thresholds gets nothing more however well it scores); ``None`` when the pool is saturated.
+
+        The profile's own recent assignments forget the pods left out for that request; this
+        controller's count (what saturation reads) keeps them."""
+        loaded = self._loaded(candidates)
+        thresholds, peers = self._thresholds, self._peer_counts()
+        keep = [i for i, pod in enumerate(loaded) if room(pod, thresholds, peers.get(pod.address, 0))]
+        if len(keep) == len(loaded):
+            return candidates
+        if not keep:
+            return None
+        pods = candidates.pods
+        chosen = tuple(pods[i] for i in keep)
+        return candidates._replace(
+            pods=indexed(chosen), positions={pod.address: i for i, pod in enumerate(chosen)}
+        )
+
+    def _expire(self, entry: Entry[Waiting], now: float) -> None:
+        resolved = entry.item.resolved
+        waited = now - entry.enqueued
+        message = f"flow control: waited {waited:.3f}s, the limit of its band (priority {entry.priority})"
+        error: errors.PickerError
+        if resolved.request.critical:
+            error = errors.QueueExpired(message, model=resolved.model, target=resolved.target)
+        else:
+            error = errors.ShedExpired(message, model=resolved.model, target=resolved.target)
+        self._answer(entry, error, EVICTED_TTL, now)
+
+    def _answer(
+        self, entry: Entry[Waiting], result: Routing | errors.PickerError, outcome: str, now: float
+    ) -> None:
+        waited = max(now - entry.enqueued, 0.0)
+        self._metrics.waited(entry.priority, entry.flow, outcome, waited)
+        waiting = entry.item
+        if waiting.resolved.context.explain:
+            why = (
+                f"waited {waited:.3f}s in flow control (priority {entry.priority}, flow {entry.flow}):"
+                " pool saturated"
+            )
+            if isinstance(result, Routing):
+                result = result._replace(explain=f"{why}; {result.explain}" if result.explain else why)
+            else:
+                result.explain = f"{why}; {result.explain}" if result.explain else why
+        if waiting.answer is not None:
+            waiting.answer(result)

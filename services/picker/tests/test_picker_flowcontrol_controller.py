@@ -1,0 +1,246 @@
+"""The flow controller with a real director: hold while saturated, dispatch in order as room frees,
+bounds, expiry (429 sheddable, 503 the rest), cancellation, drain; and a property: no request is lost
+or answered twice."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from picker_builders import NOW, config, ctx, pod, snapshot
+
+from pointsman_picker import errors
+from pointsman_picker.director import Director
+from pointsman_picker.flowcontrol.controller import FlowController, Waiting
+from pointsman_picker.interfaces import NoMetrics
+from pointsman_picker.routing import Routing
+from pointsman_picker.snapshots import StaticSnapshotSource
+
+CRITICAL = b'{"model":"my-model","prompt":"hi"}'
+SHEDDABLE = b'{"model":"sql-lora-sheddable","prompt":"hi"}'
+PODS = ("10.0.0.1:8000", "10.0.0.2:8000")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW + 1.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """A controller over two pods whose waiting counts the test sets; answers kept by request id."""
+
+    def __init__(self, **flow: Any) -> None:
+        self.clock = Clock()
+        self.source = StaticSnapshotSource()
+        self.version = 0
+        self.set_waiting(0, 0)
+        cfg = config(flowControl={"enabled": True, "saturationDetector": {"queueDepthThreshold": 2}, **flow})
+        self.director = Director(
+            cfg, self.source, NoMetrics(), rng=random.Random(1), clock=self.clock, timer=time.perf_counter
+        )
+        self.flow = FlowController(self.director, cfg, clock=self.clock)
+        self.answers: dict[str, list[Routing | errors.PickerError]] = {}
+        self.held: dict[str, Waiting] = {}
+        self.order: list[str] = []  # held requests, as they were answered
+
+    def set_waiting(self, *waiting: int) -> None:
+        """A new snapshot, scraped now: the pods' own counts (assignments until now are seen); the clock
+        moves on a millisecond, so the next assignments are not."""
+        self.version += 1
+        now = self.clock.now
+        self.clock.now += 0.001
+        pods = [pod(w, address=a, updated_at=now) for w, a in zip(waiting, PODS, strict=True)]
+        self.source.set(snapshot(*pods, version=self.version, published_at=now))
+
+    def send(self, request_id: str, body: bytes = CRITICAL, flow: str | None = None) -> Routing | Waiting:
+        headers = {"x-gateway-inference-fairness-id": flow} if flow else {}
+        result = self.flow.route(ctx(body, headers=headers, request_id=request_id))
+        if isinstance(result, Waiting):
+            self.held[request_id] = result
+            result.answer = lambda answer, rid=request_id: self._answer(rid, answer)
+        else:
+            self.answers.setdefault(request_id, []).append(result)
+        return result
+
+    def _answer(self, request_id: str, answer: Routing | errors.PickerError) -> None:
+        self.answers.setdefault(request_id, []).append(answer)
+        self.order.append(request_id)
+
+    def dispatched(self) -> list[str]:
+        return [rid for rid in self.order if isinstance(self.answers[rid][0], Routing)]
+
+
+def test_placed_at_once_while_the_pool_has_room():
+    h = Harness()
+    for i in range(4):  # two pods, room for two each (their own assignments counted)
+        assert isinstance(h.send(f"r{i}"), Routing)
+    assert isinstance(h.send("r4"), Waiting)
+    assert h.flow.waiting == 1
+
+
+def test_held_requests_go_when_room_frees_one_slot_at_a_time():
+    h = Harness()
+    h.set_waiting(2, 2)
+    for i in range(3):
+        assert isinstance(h.send(f"r{i}"), Waiting)
+    assert h.flow.pump() == 0
+    h.set_waiting(1, 2)  # one slot frees
+    h.clock.now += 0.05
+    assert h.flow.pump() == 1
+    [routing] = h.answers["r0"]
+    assert isinstance(routing, Routing)
+    assert routing.endpoint == PODS[0]
+    assert h.flow.pump() == 0  # the dispatched one fills the slot
+    h.set_waiting(0, 0)
+    h.clock.now += 0.05
+    assert h.flow.pump() == 2
+    assert h.dispatched() == ["r0", "r1", "r2"]
+
+
+def test_a_new_request_waits_behind_those_already_waiting():
+    h = Harness()
+    h.set_waiting(2, 2)
+    h.send("first")
+    h.set_waiting(0, 2)
+    assert isinstance(h.send("second"), Waiting)  # room, but "first" goes first
+    h.flow.pump()
+    assert h.dispatched() == ["first", "second"]
+
+
+def test_bands_then_flows_in_turn():
+    h = Harness(priorityBands=[{"priority": 0}, {"priority": -1}])
+    h.set_waiting(2, 2)
+    h.send("shed", SHEDDABLE, flow="quiet")
+    for i in range(3):
+        h.send(f"loud{i}", flow="loud")
+    h.send("quiet0", flow="quiet")
+    h.set_waiting(0, 0)
+    h.clock.now += 0.05
+    h.flow.pump()
+    assert h.dispatched() == ["loud0", "quiet0", "loud1", "loud2"]
+    h.set_waiting(0, 0)
+    h.clock.now += 0.05
+    h.flow.pump()
+    assert h.dispatched()[-1] == "shed"
+
+
+@pytest.mark.parametrize(("body", "status"), [(SHEDDABLE, 429), (CRITICAL, 503)])
+def test_expiry(body, status):
+    h = Harness(defaultRequestTTL="2s")
+    h.set_waiting(2, 2)
+    h.send("r", body)
+    h.clock.now += 1.9
+    h.flow.pump()
+    assert "r" not in h.answers
+    h.clock.now += 0.2
+    h.flow.pump()
+    [error] = h.answers["r"]
+    assert isinstance(error, errors.PickerError)
+    assert error.status == status
+    assert error.result == "queue_expired"
+
+
+def test_a_full_band_refuses_at_once_with_429():
+    h = Harness(priorityBands=[{"priority": 0, "maxRequests": 1}])
+    h.set_waiting(2, 2)
+    h.send("r0")
+    with pytest.raises(errors.QueueFull) as raised:
+        h.send("r1")
+    assert raised.value.status == 429
+
+
+def test_a_cancelled_request_is_never_answered():
+    h = Harness()
+    h.set_waiting(2, 2)
+    h.send("gone")
+    h.send("kept")
+    h.held["gone"].cancel()
+    assert h.flow.waiting == 1
+    h.set_waiting(0, 0)
+    h.clock.now += 0.05
+    h.flow.pump()
+    assert "gone" not in h.answers
+    assert "kept" in h.answers
+
+
+def test_drain_answers_every_waiting_request_then_places_at_once():
+    h = Harness()
+    h.set_waiting(2, 2)
+    h.send("a")
+    h.send("b")
+    assert h.flow.drain() == 2
+    assert [h.answers[r][0].status for r in ("a", "b")] == [503, 503]  # type: ignore[union-attr]
+    assert isinstance(h.send("late"), Routing)  # stopping: nothing waits any more
+
+
+def test_the_explanation_says_how_long_it_waited():
+    h = Harness()
+    h.set_waiting(2, 2)
+    waiting = h.flow.route(ctx(CRITICAL, explain=True, request_id="x"))
+    assert isinstance(waiting, Waiting)
+    got: list[Any] = []
+    waiting.answer = got.append
+    h.clock.now += 0.25
+    h.set_waiting(0, 0)
+    h.flow.pump()
+    assert got[0].explain.startswith("waited 0.251s in flow control (priority 0, flow default-flow)")
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.booleans(), st.sampled_from(["a", "b", "c"])),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
+        st.tuples(st.just("tick"), st.floats(0.0, 1.5)),
+        st.tuples(st.just("free"), st.integers(0, 3), st.integers(0, 3)),
+        st.tuples(st.just("end"), st.integers(0, 50)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_no_request_is_lost_or_answered_twice(ops):
+    h = Harness(defaultRequestTTL="1s", maxRequests=5)
+    h.set_waiting(2, 2)
+    sent: list[str] = []
+    refused: set[str] = set()
+    cancelled: set[str] = set()
+    for op in ops:
+        if op[0] == "send":
+            rid = f"r{len(sent)}"
+            sent.append(rid)
+            try:
+                h.send(rid, CRITICAL if op[1] else SHEDDABLE, flow=op[2])
+            except errors.PickerError:  # queue full, or no fresh snapshot: answered at once
+                refused.add(rid)
+        elif op[0] == "cancel" and sent:
+            rid = sent[op[1] % len(sent)]
+            waiting = h.held.get(rid)
+            if waiting is not None and rid not in h.answers:
+                waiting.cancel()
+                cancelled.add(rid)
+        elif op[0] == "tick":
+            h.clock.now += op[1]
+        elif op[0] == "free":
+            h.set_waiting(op[1], op[2])
+        elif op[0] == "end" and sent:
+            answers = h.answers.get(sent[op[1] % len(sent)], [])
+            if answers and isinstance(answers[0], Routing):
+                h.flow.finished(answers[0])
+        h.flow.pump()
+    h.flow.drain()
+    for rid in sent:
+        got = h.answers.get(rid, [])
+        if rid in cancelled or rid in refused:
+            assert got == []
+        else:
+            assert len(got) == 1, (rid, got)
+    assert h.flow.waiting == 0
