@@ -216,8 +216,8 @@ def test_an_explained_decision_carries_its_path():
     d.route(ctx(BODY))  # one in flight on "a"
     routing = d.route(ctx(BODY, explain=True))
     assert routing.explain == (
-        "pods=2 (+1 recent); critical request:2 > low queueing:2 > LoRA soft affinity:0 > "
-        "least queuing:1 > least KV cache:1 > random-picker:1; picked a"
+        "rewrite=config/my-model; pods=2 (+1 recent); critical request:2 > low queueing:2 > "
+        "LoRA soft affinity:0 > least queuing:1 > least KV cache:1 > random-picker:1; picked a"
     )
     assert d.route(ctx(BODY)).explain == ""
 
@@ -227,7 +227,8 @@ def test_a_dropped_request_explains_why():
     with pytest.raises(errors.NoCapacity) as raised:
         d.route(ctx(b'{"model":"sql-lora-sheddable"}', explain=True))
     assert raised.value.explain.startswith(
-        "pods=1; critical request:0 > has capacity for sheddable requests:0;"
+        "rewrite=config/sql-lora-sheddable; pods=1; critical request:0 > "
+        "has capacity for sheddable requests:0;"
     )
 
 

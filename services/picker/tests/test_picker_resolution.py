@@ -29,14 +29,16 @@ def draws(m: InferenceModel, n: int = 10_000) -> Counter[str]:
 def test_only_critical_is_critical(criticality, critical):
     catalog = ModelCatalog([model("m", criticality)])
     # Critical ranks as the default objective (priority 0), the rest below it.
-    assert catalog.resolve("m", random.Random(0)) == Resolution("m", "m", critical, 0 if critical else -1)
+    assert catalog.resolve("m", random.Random(0)) == Resolution(
+        "m", "m", critical, 0 if critical else -1, rewrite="config/m"
+    )
 
 
 @pytest.mark.parametrize(("priority", "critical"), [(-1, False), (0, True), (10, True)])
 def test_an_inference_objective_is_sheddable_only_with_a_negative_priority(priority, critical):
     objective = InferenceModel.model_validate({"modelName": "m", "priority": priority})
     resolved = ModelCatalog([objective]).resolve("m", random.Random(0))
-    assert resolved == Resolution("m", "m", critical, priority)
+    assert resolved == Resolution("m", "m", critical, priority, rewrite="config/m")
 
 
 def test_unknown_model_is_none_unless_passed_through():

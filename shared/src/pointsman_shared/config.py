@@ -134,6 +134,9 @@ class KubernetesDiscovery(_Model):
     api_version: InferencePoolApiVersion = INFERENCE_POOL_V1
     # Unset: the in-cluster service account.
     kubeconfig: str | None = Field(default=None, min_length=1)
+    # Write an Accepted condition into the status of the pool's InferenceObjectives and
+    # InferenceModelRewrites (when the Role grants it; see docs/collector.md).
+    write_status: bool = True
 
 
 def _host_ports(addresses: tuple[str, ...], default_port: int) -> tuple[str, ...]:
@@ -393,6 +396,9 @@ class PickerConfig(_Model):
     # A model no entry of `models` names is served as asked, with the default objective (upstream v1);
     # false answers 404 instead.
     passthrough_unknown_models: bool = True
+    # Where InferenceObjectives and model rewrites come from: "config" (`models`, `objectives`), "cluster"
+    # (the objects the collector reads from Kubernetes), or "both", the config winning on a clash.
+    cluster_objects: Literal["both", "cluster", "config"] = "both"
     # The native server's HTTP/2 limits (picker.server native only; grpcio keeps its own).
     http2: Http2Config = Http2Config()
 

@@ -38,6 +38,7 @@ from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.scheduling.registry import PluginError
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotFeed
 from pointsman_shared import upstream
+from pointsman_shared.cluster import ClusterObjects
 from pointsman_shared.config import ConfigError, PointsmanConfig
 from pointsman_shared.keys import RedisKeys
 
@@ -72,6 +73,7 @@ class PickerApp:
         self.metrics = PickerMetrics(registry)
         registry.register(SnapshotCollector(source, config.pool.name, clock))
         self.director = Director(config, source, self.metrics, rng=rng, clock=clock, timer=time.perf_counter)
+        source.watch_cluster(self.apply_cluster)
         self.service = ExtProcService(
             self.director.route,
             stream_settings(config),
@@ -103,6 +105,23 @@ class PickerApp:
         self.service.settings = stream_settings(config)
         self.config = config
         log.info("config reloaded: %d models", len(config.models))
+
+    def apply_cluster(self, objects: ClusterObjects) -> None:
+        """Resolve with the cluster's new objectives and rewrites from the next request on (as a config
+        reload is applied); ignored with ``picker.clusterObjects: config``."""
+        try:
+            self.director.apply_cluster(objects)
+        except Exception:  # a bug here must not stop the snapshot reads that called it
+            log.exception("cluster objects not applied; the last set stays")
+            self.metrics.cluster_applied("refused")
+            return
+        self.metrics.cluster_applied("applied")
+        if self.config.picker.cluster_objects != "config":
+            log.info(
+                "cluster objects applied: %d objectives, %d rewrites",
+                len(objects.objectives),
+                len(objects.rewrites),
+            )
 
     def _finished(self, routing: Routing) -> None:
         """A routed request's stream ended: its assignment is over, and it no longer runs."""
