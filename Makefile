@@ -77,7 +77,7 @@ fuzz: install ## atheris on the native server's frame, HPACK and body parsers, F
 		cd $(CURDIR); \
 	done
 
-bench: install ## run the benchmarks (results in bench/results/)
+bench: install ## only the in-process cost of one decision: schedule, director, ext_proc stream (bench/results/decision_cost.json); the others are bench-*
 	$(BIN)/python bench/decision_cost.py
 
 .PHONY: soak
@@ -125,6 +125,21 @@ bench-live: install $(BENCH_VENV)/.installed $(PERF_VENV)/.installed ## the scen
 
 sim-calibration: install ## the simulator's profiles against the published vLLM figures, check by check
 	$(BIN)/python -m pointsman_sim.calibration
+
+# The chart's files/ are copies (a chart cannot read outside its folder, and symlinks break where a
+# checkout has none): DEST=SOURCE, and a deploy test fails while a copy differs from its source.
+CHART := deploy/helm/pointsman
+CHART_FILES := \
+	files/dashboards=deploy/grafana/dashboards \
+	files/gateway-ca.yaml=deploy/k8s/components/picker-mtls/gateway-ca.yaml \
+	files/picker-certificate.yaml=deploy/k8s/base/picker-certificate.yaml \
+	files/picker-tls-proxy-mtls.yaml=deploy/k8s/components/picker-mtls/picker-tls-proxy.yaml \
+	files/picker-tls-proxy.yaml=deploy/k8s/base/picker-tls-proxy.yaml
+.PHONY: chart-files
+chart-files: ## copy the dashboards and manifests the Helm chart ships into its files/ (after editing them)
+	@for pair in $(CHART_FILES); do \
+		dest=$(CHART)/$${pair%%=*}; src=$${pair#*=}; rm -rf $$dest; cp -R $$src $$dest; echo "$$dest <- $$src"; \
+	done
 
 up: ## docker compose: build the images, start the whole stack, wait until every service is healthy
 	docker compose up --build --detach --wait

@@ -24,10 +24,12 @@ UPSTREAM_ARGS = [
 ]  # fmt: skip
 
 
-def parse(argv: list[str], metrics_field: str = "picker.metricsListen") -> argparse.Namespace:
+def parse(
+    argv: list[str], metrics_field: str = "picker.metricsListen", *, grpc: bool = True
+) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    upstream.add_flags(parser, metrics_field=metrics_field)
+    upstream.add_flags(parser, metrics_field=metrics_field, grpc=grpc)
     return parser.parse_args(argv)
 
 
@@ -79,6 +81,17 @@ def test_bad_values_are_refused(argv):
 def test_verbosity_maps_to_a_log_level(verbosity, level):
     args = parse(["-v", verbosity] if verbosity else [])
     assert upstream.log_level(args, "warning") == level
+
+
+@pytest.mark.parametrize("flag", ["--grpc-port", "--grpc-health-port"])
+def test_without_grpc_the_grpc_port_flags_are_refused(flag):
+    with pytest.raises(SystemExit):
+        parse([flag, "9102"], "collector.listen", grpc=False)
+
+
+def test_without_grpc_the_other_aliases_still_set_their_fields():
+    args = parse(["--metrics-port", "9190", "--pool-name", "p"], "collector.listen", grpc=False)
+    assert upstream.overrides(args) == {"pool": {"name": "p"}, "collector": {"listen": 9190}}
 
 
 def test_a_bare_port_keeps_the_host_of_the_listen_address():

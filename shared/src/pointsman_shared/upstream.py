@@ -63,9 +63,10 @@ IGNORED_PLUGINS = {
 ENDPOINT_PICKER_KIND = "EndpointPickerConfig"
 
 
-def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str) -> None:
+def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str, grpc: bool) -> None:
     """Add the upstream aliases to ``parser``; ``metrics_field`` is the listen address ``--metrics-port``
-    sets (``picker.metricsListen`` or ``collector.listen``)."""
+    sets (``picker.metricsListen`` or ``collector.listen``); ``grpc``: the gRPC port flags too (the
+    picker's; a collector serves no gRPC)."""
     group = parser.add_argument_group("upstream endpoint-picker flags (aliases of config fields)")
     group.add_argument("--config-file", dest="config", help="the same as --config")
     group.add_argument("--pool-name", help="pool.name")
@@ -73,8 +74,9 @@ def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str) -> None:
     group.add_argument(
         "--pool-group", choices=sorted(GROUP_VERSIONS), help="pool.kubernetes.apiVersion, by API group"
     )
-    group.add_argument("--grpc-port", type=_port, help="the port of picker.listen")
-    group.add_argument("--grpc-health-port", type=_port, help="the port of picker.healthListen")
+    if grpc:
+        group.add_argument("--grpc-port", type=_port, help="the port of picker.listen")
+        group.add_argument("--grpc-health-port", type=_port, help="the port of picker.healthListen")
     group.add_argument("--metrics-port", type=_port, help=f"the port of {metrics_field}")
     group.add_argument("-v", dest="verbosity", type=int, help="4 or more: DEBUG logging")
     for name in IGNORED_FLAGS:
@@ -118,7 +120,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         kubernetes["apiVersion"] = GROUP_VERSIONS[args.pool_group]
     if kubernetes:
         doc.setdefault("pool", {})["kubernetes"] = kubernetes
-    ports = {"picker.listen": args.grpc_port, "picker.healthListen": args.grpc_health_port}
+    ports = {
+        "picker.listen": getattr(args, "grpc_port", None),
+        "picker.healthListen": getattr(args, "grpc_health_port", None),
+    }
     ports[args._metrics_field] = args.metrics_port
     for field, port in ports.items():
         if port is not None:

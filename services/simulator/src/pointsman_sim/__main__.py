@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from pointsman_shared import aio
+from pointsman_shared import aio, cli
 from pointsman_sim.metrics import LORA_LABEL_SEMANTICS, METRICS_VERSIONS
 from pointsman_sim.pod import DEFAULT_MODEL, PodSpec, SimPod
 from pointsman_sim.profiles import DEFAULT_PROFILE, ProfileError, load_profile, profile_names
@@ -106,12 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="divide every simulated duration by this, for fast tests (default %(default)s)",
     )
-    parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="default %(default)s",
-    )
+    cli.add_common_flags(parser, distribution="pointsman-sim", log_level="warning")
     return parser
 
 
