@@ -88,6 +88,11 @@ class ClusterObjectsWatch:
         self.objects = ClusterObjects()
         self.changed = asyncio.Event()  # set at each change (tests wait on it)
 
+    @property
+    def pool(self) -> PoolRef:
+        """The pool whose objects are followed."""
+        return self._pool
+
     def listen(self, on_change: OnObjects, on_failure: OnFailure | None = None) -> None:
         """Call ``on_change`` with each new set (and now, with the current one), ``on_failure`` with each
         failed list or watch."""
