@@ -19,6 +19,10 @@ $(STAMP): requirements/runtime.txt requirements/dev.txt $(foreach p,$(PACKAGES),
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# --no-deps + pip check: the lock must name every package, so nothing unpinned slips in.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/dev.txt
+	@# xds-protos ships an older copy of opentelemetry/proto/...: whichever installs last owns the files,
+	@# so opentelemetry-proto (the OTLP exporters' and the test receiver's) goes in again, last.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+		$$(grep '^opentelemetry-proto==' requirements/runtime.txt)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
 	$(BIN)/python -m pip check
 	touch $(STAMP)

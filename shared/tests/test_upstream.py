@@ -40,11 +40,11 @@ def test_an_upstream_deployment_s_args_parse_and_name_the_pool():
         "pool": {
             "name": "vllm-llama3-8b-instruct",
             "kubernetes": {"namespace": "default", "apiVersion": "inference.networking.k8s.io/v1"},
-        }
+        },
+        "tracing": {"enabled": False},
     }
     assert upstream.ignored(args) == [
         "--zap-encoder is accepted and not used: logs are text lines",
-        "--tracing is accepted and not used: no tracing",
         "--metrics-endpoint-auth is accepted and not used: the metrics port needs no token",
     ]
     assert upstream.log_level(args, "info") == "INFO"
@@ -63,13 +63,18 @@ def test_an_upstream_deployment_s_args_parse_and_name_the_pool():
             {"pool": {"kubernetes": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"}}},
         ),
         (["--ha-enable-leader-election"], "picker.metricsListen", {}),
+        (["--tracing"], "picker.metricsListen", {"tracing": {"enabled": True}}),
+        (["--tracing=true"], "collector.listen", {"tracing": {"enabled": True}}),
+        (["--tracing", "false"], "picker.metricsListen", {"tracing": {"enabled": False}}),
     ],
 )
 def test_each_alias_sets_its_field(argv, metrics_field, expected):
     assert upstream.overrides(parse(argv, metrics_field)) == expected
 
 
-@pytest.mark.parametrize("argv", [["--grpc-port", "0"], ["--grpc-port", "70000"], ["--pool-group", "x"]])
+@pytest.mark.parametrize(
+    "argv", [["--grpc-port", "0"], ["--grpc-port", "70000"], ["--pool-group", "x"], ["--tracing=maybe"]]
+)
 def test_bad_values_are_refused(argv):
     with pytest.raises(SystemExit):
         parse(argv)

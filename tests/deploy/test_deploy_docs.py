@@ -210,6 +210,7 @@ _SECTIONS = (
     "picker",
     "plugins",
     "profiles",
+    "tracing",
 )
 _DOTTED = rf"(?:{'|'.join(_SECTIONS)})(?:\.[A-Za-z]+)+"
 # In Markdown a key is a code span (`picker.maxStaleness`, `picker.server: grpcio`); in YAML comments, bare.

@@ -232,6 +232,8 @@ def test_helm_lint(case: str) -> None:
             "inferenceModelRewrites need the v1 InferencePool",
         ),
         ("config.pool.name=other", "config.pool is the chart's to write"),
+        ("inferenceExtension.tracing.sampling.samplerArg=2", "samplerArg"),
+        ("inferenceExtension.tracing.sampling.sampler=sometimes", "sampler"),
         ("config.models[0].modelName=m", "config.models is the chart's to write"),
         (
             "provider.name=envoy-gateway,provider.envoyGateway.patchPolicy.enabled=true",
@@ -261,6 +263,10 @@ def test_the_values_keep_upstream_s_names() -> None:
         "inferenceExtension.flags",
         "inferenceExtension.env",
         "inferenceExtension.monitoring.prometheus.enabled",
+        "inferenceExtension.tracing.enabled",
+        "inferenceExtension.tracing.otelExporterEndpoint",
+        "inferenceExtension.tracing.sampling.sampler",
+        "inferenceExtension.tracing.sampling.samplerArg",
         "provider.name",
         "provider.gke.autopilot",
         "provider.istio.destinationRule.host",
@@ -915,6 +921,17 @@ def test_only_the_provider_s_objects_are_rendered(provider: str) -> None:
     }
     for other, other_kinds in own.items():
         assert (other_kinds <= kinds) is (other == provider), other
+
+
+def test_tracing_is_one_setting_away_and_off_by_default(tmp_path: Path) -> None:
+    assert _load_config(_objects("default"), tmp_path).tracing.enabled is False
+    tracing = _load_config(_objects("tracing"), tmp_path).tracing
+    assert (tracing.enabled, tracing.endpoint, tracing.protocol) == (
+        True,
+        "http://otel-collector.observability:4317",
+        "grpc",
+    )
+    assert (tracing.sampler, tracing.ratio) == ("parentbased_traceidratio", 0.25)
 
 
 # --- the chart's files/ ---------------------------------------------------------------------------
