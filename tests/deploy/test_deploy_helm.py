@@ -31,6 +31,7 @@ from deploy_kit import (
     restricted_pod_problems,
 )
 from test_deploy_k8s import (
+    CLUSTER_RESOURCES,
     KUBERNETES_VERSION,
     THIRD_PARTY,
     V1_RELEASES,
@@ -42,7 +43,9 @@ from test_deploy_k8s import (
     _pool_ports,
     _pool_selector,
     _role_permissions,
+    cluster_permissions,
     discover_pool,
+    watch_cluster_objects,
 )
 
 from pointsman_picker.health import LIVENESS, READINESS_SERVICES
@@ -525,12 +528,36 @@ async def test_the_collector_s_role_allows_every_call_its_discovery_makes(case: 
     group = discovery.api_version.split("/")[0]
     assert {(g, r) for _, g, r, _ in api.requests} == {("", "pods"), (group, "inferencepools")}
     assert {v for *_, v in api.requests} == {"get", "list", "watch"}
+    # The watch of the cluster's objectives and rewrites too.
+    cluster = await watch_cluster_objects(pool, role, namespace=NAMESPACE, api_version=discovery.api_version)
+    assert cluster.forbidden == []
     # And no more than that.
     assert _role_permissions(role) == {
         (NAMESPACE, g, r, v)
         for g, r in (("", "pods"), (group, "inferencepools"))
         for v in ("get", "list", "watch")
-    }
+    } | cluster_permissions(NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("cluster_objects", "watched", "status"),
+    [
+        ({"source": "both"}, True, True),
+        ({"source": "cluster", "writeStatus": False}, True, False),
+        ({"source": "config"}, False, False),
+    ],
+)
+def test_the_collector_s_role_grants_the_cluster_objects_only_as_used(
+    cluster_objects: dict[str, Any], watched: bool, status: bool, tmp_path: Path
+) -> None:
+    objects = _render_values({**CASES["default"], "clusterObjects": cluster_objects})
+    role = _one(objects, "Role", COLLECTOR)
+    granted = {p for p in _role_permissions(role) if p[2].split("/")[0] in CLUSTER_RESOURCES}
+    assert granted == (cluster_permissions(NAMESPACE, status=status) if watched else set())
+    config = _load_config(objects, tmp_path)
+    assert config.picker.cluster_objects == cluster_objects["source"]
+    assert config.pool.kubernetes is not None
+    assert config.pool.kubernetes.write_status is cluster_objects.get("writeStatus", True)
 
 
 def test_the_picker_reads_no_kubernetes_api() -> None:

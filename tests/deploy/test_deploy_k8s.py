@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -36,6 +37,8 @@ from deploy_kit import (
 )
 
 from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
+from pointsman_collector.kubernetes.cluster_objects import PoolRef
+from pointsman_collector.kubernetes.cluster_watch import ClusterObjectsWatch
 from pointsman_devstack.stack import served_models
 from pointsman_picker.health import LIVENESS, READINESS_SERVICES
 from pointsman_shared import upstream
@@ -468,15 +471,25 @@ def _role_permissions(role: dict[str, Any]) -> set[Permission]:
 class RecordingApi:
     """Just enough of the Kubernetes API for the collector's discovery to run against: the rendered
     InferencePool at its own group and version (any other is a 404, as on a cluster whose CRDs do not
-    serve it), no pods, watches that end at once. Each request is checked against the Role as the API
-    server's RBAC would (403 when no rule grants its namespace, group, resource and verb) and recorded as
-    the permission it needs."""
+    serve it), no pods, the ``cluster`` objects (InferenceObjectives, InferenceModelRewrites by group,
+    version and resource; their status patched in place), watches that end at once. Each request is
+    checked against the Role as the API server's RBAC would (403 when no rule grants its namespace,
+    group, resource and verb) and recorded as the permission it needs."""
 
-    def __init__(self, pool: dict[str, Any], allowed: set[Permission], *, enough: int) -> None:
+    def __init__(
+        self,
+        pool: dict[str, Any],
+        allowed: set[Permission],
+        *,
+        enough: int,
+        cluster: dict[tuple[str, str], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self._pool = {**pool, "metadata": {**pool["metadata"], "resourceVersion": "1"}}
         self._allowed = allowed
+        self._cluster = cluster or {}
         self.requests: list[Permission] = []
         self.forbidden: list[Permission] = []
+        self.patches: list[tuple[str, dict[str, Any]]] = []  # path, body
         self._enough = enough
         self.seen_enough = asyncio.Event()  # set once ``enough`` requests have come
         self._answering: set[asyncio.Task[Any]] = set()
@@ -502,22 +515,36 @@ class RecordingApi:
         assert task is not None
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
-        _method, target, _version = (await reader.readline()).decode().split(" ")
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass
+        try:
+            request_line = (await reader.readline()).decode()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            sent = await reader.readexactly(length) if length else b""
+        except (ConnectionError, asyncio.IncompleteReadError):
+            sent = request_line = b"".decode()
+        if not request_line:  # a connection the client closed unused (its task was cancelled)
+            writer.close()
+            return
+        method, target, _version = request_line.split(" ")
         url = urlsplit(target)
         watch = parse_qs(url.query).get("watch") == ["1"]
-        # /api/v1/namespaces/NS/RESOURCE[/NAME] or /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME]
+        # /api/v1/namespaces/NS/RESOURCE[/NAME[/SUBRESOURCE]] or /apis/GROUP/VERSION/namespaces/NS/...
         parts = url.path.strip("/").split("/")
         group_version, rest = ("v1", parts[2:]) if parts[0] == "api" else ("/".join(parts[1:3]), parts[3:])
         group = "" if parts[0] == "api" else parts[1]
         _namespaces, namespace, resource, *name = rest
-        verb = "get" if name else "watch" if watch else "list"
+        if len(name) == 2:  # a subresource: RBAC names it resource/subresource
+            resource, name = f"{resource}/{name[1]}", name[:1]
+        verb = "patch" if method == "PATCH" else "get" if name else "watch" if watch else "list"
         permission = (namespace, group, resource, verb)
         self.requests.append(permission)
         if len(self.requests) >= self._enough:
             self.seen_enough.set()
         status = b"200 OK"
+        listed = self._cluster.get((group_version, resource.split("/")[0]))
         if permission not in self._allowed:
             self.forbidden.append(permission)
             status, body = b"403 Forbidden", json.dumps({"kind": "Status", "code": 403}).encode()
@@ -528,8 +555,14 @@ class RecordingApi:
             body = b""
         elif resource == "inferencepools":
             body = json.dumps(self._pool).encode()
+        elif verb == "patch" and listed is not None:
+            (obj,) = [o for o in listed if o["metadata"]["name"] == name[0]]
+            obj["status"] = json.loads(sent)["status"]
+            self.patches.append((url.path, json.loads(sent)))
+            body = json.dumps(obj).encode()
         else:
-            body = json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode()
+            items = listed if listed is not None else []
+            body = json.dumps({"items": items, "metadata": {"resourceVersion": "1"}}).encode()
         with contextlib.suppress(ConnectionError):  # the client may have gone meanwhile
             writer.write(
                 b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -579,6 +612,82 @@ async def discover_pool(
     return api, targets
 
 
+# The calls the collector's watch of InferenceObjectives and InferenceModelRewrites makes: a list and a
+# watch of each kind in each group, and a status patch of each object of the pool.
+CLUSTER_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
+CLUSTER_RESOURCES = ("inferenceobjectives", "inferencemodelrewrites")
+
+
+def cluster_permissions(namespace: str, *, status: bool = True) -> set[Permission]:
+    """What the Role must grant for the cluster objects, no more: list and watch, and patch of status."""
+    watched = {
+        (namespace, g, r, v) for g in CLUSTER_GROUPS for r in CLUSTER_RESOURCES for v in ("list", "watch")
+    }
+    patched = {(namespace, g, f"{r}/status", "patch") for g in CLUSTER_GROUPS for r in CLUSTER_RESOURCES}
+    return watched | (patched if status else set())
+
+
+def pool_objects(pool: str, group: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """One objective and one rewrite of ``pool`` in each group that serves them."""
+    objects: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    ref = {"name": pool, "group": group}
+    for group_version in ("inference.networking.x-k8s.io/v1alpha2", "llm-d.ai/v1alpha2"):
+        suffix = group_version.split(".")[0].split("/")[0]
+        objects[(group_version, "inferenceobjectives")] = [
+            {
+                "apiVersion": group_version,
+                "kind": "InferenceObjective",
+                "metadata": {"name": f"batch-{suffix}", "generation": 1, "resourceVersion": "1"},
+                "spec": {"poolRef": ref, "priority": -1},
+            }
+        ]
+        objects[(group_version, "inferencemodelrewrites")] = [
+            {
+                "apiVersion": group_version,
+                "kind": "InferenceModelRewrite",
+                "metadata": {
+                    "name": f"canary-{suffix}",
+                    "generation": 1,
+                    "resourceVersion": "1",
+                    "creationTimestamp": "2026-12-01T00:00:00Z",
+                },
+                "spec": {
+                    "poolRef": ref,
+                    "rules": [
+                        {"matches": [{"model": {"value": "m"}}], "targets": [{"modelRewrite": "m-v2"}]}
+                    ],
+                },
+            }
+        ]
+    return objects
+
+
+async def watch_cluster_objects(
+    pool: dict[str, Any], role: dict[str, Any], *, namespace: str, api_version: str, write_status: bool = True
+) -> RecordingApi:
+    """The collector's real watch of the pool's objectives and rewrites (one of each in each group)
+    against an API that answers as ``role`` allows, until every kind of call has been made (the Helm
+    chart's tests use it too)."""
+    name, group = pool["metadata"]["name"], api_version.split("/")[0]
+    cluster = pool_objects(name, group)
+    # 4 lists, 4 patches, then the watches, each renewed.
+    async with RecordingApi(pool, _role_permissions(role), enough=20, cluster=cluster) as api:
+        watch = ClusterObjectsWatch(
+            KubeAccess(server=api.url, namespace=namespace),
+            pool=PoolRef(name, group),
+            write_status=write_status,
+            backoff=Backoff(initial=0.01, maximum=0.05),
+        )
+        task = asyncio.create_task(watch.run())
+        try:
+            async with asyncio.timeout(30):
+                await api.seen_enough.wait()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return api
+
+
 def _collector_role(objects: Objects) -> dict[str, Any]:
     collector = _one(objects, "Deployment", "pointsman-collector")
     namespace = collector["metadata"]["namespace"]
@@ -619,6 +728,41 @@ async def test_discovery_of_the_other_version_is_forbidden_by_the_role(target: s
     assert {r for _, _, r, _ in api.forbidden} == {"inferencepools"}
     assert not targets.synced.is_set()
     assert targets.endpoints == ()
+
+
+@pytest.mark.parametrize("target", POOL_TARGETS)
+async def test_the_collector_s_role_allows_every_call_its_cluster_object_watch_makes(target: str) -> None:
+    objects = _objects(target)
+    config = _pointsman_config(objects)
+    discovery = config.pool.kubernetes
+    assert discovery is not None
+    role = _collector_role(objects)
+    pool = _one(objects, "InferencePool", discovery.inference_pool or config.pool.name)
+    namespace = role["metadata"]["namespace"]
+    api = await watch_cluster_objects(pool, role, namespace=namespace, api_version=discovery.api_version)
+    assert api.forbidden == []
+    # Every object got its Accepted condition, and the Role grants exactly the calls made.
+    assert len(api.patches) == 4
+    assert all(b["status"]["conditions"][0]["status"] == "True" for _, b in api.patches)
+    used = {p for p in api.requests if p[2].split("/")[0] in CLUSTER_RESOURCES}
+    assert used == cluster_permissions(namespace)
+    granted = {p for p in _role_permissions(role) if p[2].split("/")[0] in CLUSTER_RESOURCES}
+    assert granted == used
+
+
+async def test_a_role_without_status_patch_still_watches_and_writes_no_status() -> None:
+    # The watch's calls are checked by RBAC: the Role without patch gets 403 there, and goes on.
+    objects = _objects("overlays/sim")
+    role = copy.deepcopy(_collector_role(objects))
+    role["rules"] = [r for r in role["rules"] if "patch" not in r["verbs"]]
+    pool = _one(objects, "InferencePool", _pointsman_config(objects).pool.name)
+    namespace = role["metadata"]["namespace"]
+    api = await watch_cluster_objects(pool, role, namespace=namespace, api_version=pool["apiVersion"])
+    assert {p[3] for p in api.forbidden} == {"patch"}
+    assert api.patches == []
+    # One 403 per kind and group turns status writing off there: not one per change.
+    assert len(api.forbidden) == 4
+    assert {"list", "watch"} <= {p[3] for p in api.requests if p not in api.forbidden}
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -822,12 +966,14 @@ def test_the_collector_s_role_reads_pods_and_the_pools_of_the_configured_group(t
     objects = _objects(target)
     discovery = _pointsman_config(objects).pool.kubernetes
     assert discovery is not None
-    rules = _one(objects, "Role", "pointsman-collector")["rules"]
-    assert {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]} == {
-        ("", "pods"),
-        (discovery.api_version.split("/")[0], "inferencepools"),
+    role = _one(objects, "Role", "pointsman-collector")
+    namespace = role["metadata"]["namespace"]
+    pools = {
+        (namespace, g, r, v)
+        for g, r in (("", "pods"), (discovery.api_version.split("/")[0], "inferencepools"))
+        for v in ("get", "list", "watch")
     }
-    assert all(rule["verbs"] == ["get", "list", "watch"] for rule in rules)
+    assert _role_permissions(role) == pools | cluster_permissions(namespace)
 
 
 def test_only_the_collector_and_pickers_reach_redis() -> None:

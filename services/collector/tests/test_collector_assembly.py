@@ -16,8 +16,14 @@ import pytest
 from kube_api import FakeApi, pod, recorded
 from redis.asyncio import Redis
 
-from pointsman_collector.assembly import CollectorService, bind_listener, create_collector
+from pointsman_collector.assembly import (
+    CollectorService,
+    bind_listener,
+    config_cluster_watch,
+    create_collector,
+)
 from pointsman_collector.errors import DiscoveryError
+from pointsman_collector.kubernetes.cluster_objects import PoolRef
 from pointsman_collector.sink import SnapshotSink
 from pointsman_collector.targets import StaticTargets
 from pointsman_shared.codec import decode_pool
@@ -189,3 +195,30 @@ async def test_sharing_replicas_split_the_pool_and_publish_it_whole(
         assert await redis.zcard(RedisKeys("shared").members) == 0
     finally:
         await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    ("pool", "picker", "pool_ref"),
+    [
+        ({"kubernetes": {"inferencePool": "p"}}, {}, PoolRef("p", "inference.networking.k8s.io")),
+        (
+            {"kubernetes": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"}},
+            {"clusterObjects": "cluster"},
+            PoolRef("default-pool", "inference.networking.x-k8s.io"),
+        ),
+        ({"kubernetes": {}}, {"clusterObjects": "config"}, None),  # the pickers would not read them
+        ({"endpoints": ["10.0.0.1:8000"]}, {}, None),  # no Kubernetes to watch
+    ],
+)
+def test_the_cluster_objects_are_watched_for_a_kubernetes_pool_whose_pickers_read_them(
+    pool: dict[str, Any], picker: dict[str, Any], pool_ref: PoolRef | None, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "current-context: c\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n"
+        "contexts:\n- name: c\n  context: {cluster: c, namespace: ns}\n"
+    )
+    if "kubernetes" in pool:
+        pool["kubernetes"]["kubeconfig"] = str(kubeconfig)
+    watch = config_cluster_watch(config_of({"pool": pool, "picker": picker}), {})
+    assert (watch.pool if watch is not None else None) == pool_ref

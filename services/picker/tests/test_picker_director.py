@@ -15,6 +15,13 @@ from pointsman_picker import errors
 from pointsman_picker.director import PLUGIN_TIMING_EVERY, Director, UsablePods, usable_pods
 from pointsman_picker.metrics import PickerMetrics
 from pointsman_picker.snapshots import StaticSnapshotSource
+from pointsman_shared.cluster import (
+    ClusterObjective,
+    ClusterObjects,
+    ClusterRewrite,
+    RewriteRule,
+    RewriteTarget,
+)
 from pointsman_shared.snapshot import PoolSnapshot
 
 BODY = b'{"model":"my-model","prompt":"hi"}'
@@ -216,8 +223,8 @@ def test_an_explained_decision_carries_its_path():
     d.route(ctx(BODY))  # one in flight on "a"
     routing = d.route(ctx(BODY, explain=True))
     assert routing.explain == (
-        "pods=2 (+1 recent); critical request:2 > low queueing:2 > LoRA soft affinity:0 > "
-        "least queuing:1 > least KV cache:1 > random-picker:1; picked a"
+        "rewrite=config/my-model; pods=2 (+1 recent); critical request:2 > low queueing:2 > "
+        "LoRA soft affinity:0 > least queuing:1 > least KV cache:1 > random-picker:1; picked a"
     )
     assert d.route(ctx(BODY)).explain == ""
 
@@ -227,7 +234,8 @@ def test_a_dropped_request_explains_why():
     with pytest.raises(errors.NoCapacity) as raised:
         d.route(ctx(b'{"model":"sql-lora-sheddable"}', explain=True))
     assert raised.value.explain.startswith(
-        "pods=1; critical request:0 > has capacity for sheddable requests:0;"
+        "rewrite=config/sql-lora-sheddable; pods=1; critical request:0 > "
+        "has capacity for sheddable requests:0;"
     )
 
 
@@ -258,3 +266,28 @@ def test_usable_pods_are_kept_until_a_pod_ages_or_the_snapshot_changes():
     assert usable.get(snap, NOW + 0.6).positions == {"new": 0}
     renewed = snapshot(pod(address="old", updated_at=NOW + 0.6), version=2)
     assert [p.address for p in usable.get(renewed, NOW + 0.6).pods] == ["old"]
+
+
+def test_the_cluster_s_objects_decide_and_are_named_in_the_explain_header_and_the_metrics():
+    gie = "inference.networking.x-k8s.io/v1alpha2"
+    rule = RewriteRule(("from-cluster",), (RewriteTarget("cluster-target", None),))
+    objects = ClusterObjects(
+        objectives=(ClusterObjective("premium", gie, 1, 10),),
+        rewrites=(ClusterRewrite("canary", gie, 1, "2026-12-01T00:00:00Z", (rule,)),),
+    )
+    d, registry = director(snapshot(pod(address="a")), picker={"passthroughUnknownModels": True})
+    d.apply_cluster(objects)
+    body = b'{"model":"from-cluster","prompt":"hi"}'
+    routing = d.route(ctx(body, objective="premium", explain=True))
+    assert (routing.target, routing.priority) == ("cluster-target", 10)
+    assert routing.explain.startswith("rewrite=cluster/canary objective=cluster/premium; pods=1;")
+    labels = {"rewrite": "cluster/canary", "objective": "cluster/premium"}
+    assert registry.get_sample_value("pointsman_picker_resolved_requests_total", labels) == 1
+    # A request nothing decided: empty labels, no head in the explanation.
+    d.route(ctx(b'{"model":"unlisted"}', explain=True))
+    assert (
+        registry.get_sample_value(
+            "pointsman_picker_resolved_requests_total", {"rewrite": "", "objective": ""}
+        )
+        == 1
+    )

@@ -8,6 +8,13 @@ from collections import Counter
 import pytest
 
 from pointsman_picker.resolution import ModelCatalog, Resolution
+from pointsman_shared.cluster import (
+    ClusterObjective,
+    ClusterObjects,
+    ClusterRewrite,
+    RewriteRule,
+    RewriteTarget,
+)
 from pointsman_shared.config import InferenceModel, InferenceObjective
 
 
@@ -29,14 +36,16 @@ def draws(m: InferenceModel, n: int = 10_000) -> Counter[str]:
 def test_only_critical_is_critical(criticality, critical):
     catalog = ModelCatalog([model("m", criticality)])
     # Critical ranks as the default objective (priority 0), the rest below it.
-    assert catalog.resolve("m", random.Random(0)) == Resolution("m", "m", critical, 0 if critical else -1)
+    assert catalog.resolve("m", random.Random(0)) == Resolution(
+        "m", "m", critical, 0 if critical else -1, rewrite="config/m"
+    )
 
 
 @pytest.mark.parametrize(("priority", "critical"), [(-1, False), (0, True), (10, True)])
 def test_an_inference_objective_is_sheddable_only_with_a_negative_priority(priority, critical):
     objective = InferenceModel.model_validate({"modelName": "m", "priority": priority})
     resolved = ModelCatalog([objective]).resolve("m", random.Random(0))
-    assert resolved == Resolution("m", "m", critical, priority)
+    assert resolved == Resolution("m", "m", critical, priority, rewrite="config/m")
 
 
 def test_unknown_model_is_none_unless_passed_through():
@@ -91,3 +100,65 @@ def test_weights_draw_proportionally():
 
 def test_a_single_weighted_target_always_wins():
     assert draws(model("m", targets=[{"name": "only", "weight": 5}]), 100) == Counter({"only": 100})
+
+
+# --- with the cluster's objects (picker.clusterObjects) ------------------------------------------------
+
+GIE = "inference.networking.x-k8s.io/v1alpha2"
+CLUSTER = ClusterObjects(
+    objectives=(ClusterObjective("batch", GIE, 1, -3), ClusterObjective("premium", GIE, 1, 10)),
+    rewrites=(
+        ClusterRewrite(
+            "canary",
+            GIE,
+            1,
+            "2026-01-01T00:00:00Z",
+            (RewriteRule(("m", "cm"), (RewriteTarget("cm-v2", None),)),),
+        ),
+        ClusterRewrite(
+            "catch-all", GIE, 1, "2026-02-01T00:00:00Z", (RewriteRule((), (RewriteTarget("base", None),)),)
+        ),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("sources", "asked", "objective", "expected"),
+    [
+        # both: a model the config lists is the config's; an objective it declares has its priority
+        ("both", "m", None, ("m-v1", -1, "config/m", "")),
+        ("both", "m", "batch", ("m-v1", -5, "config/m", "config/batch")),
+        ("both", "cm", "premium", ("cm-v2", 10, "cluster/canary", "cluster/premium")),
+        # a model nothing names exactly: the rule with no matches (its model label bounded apart)
+        ("both", "anything", None, ("base", 0, "cluster/catch-all", "")),
+        ("both", "anything", "nobody", ("base", 0, "cluster/catch-all", "")),
+        # cluster: the config is not used
+        ("cluster", "m", "batch", ("cm-v2", -3, "cluster/canary", "cluster/batch")),
+        ("cluster", "m", "interactive", ("cm-v2", 0, "cluster/canary", "")),
+        # config: the cluster is not used
+        ("config", "cm", "premium", ("cm", 0, "", "")),
+        ("config", "m", "interactive", ("m-v1", 10, "config/m", "config/interactive")),
+    ],
+)
+def test_the_sources_and_what_decided(sources, asked, objective, expected):
+    catalog = ModelCatalog(
+        [model("m", "Sheddable", [{"name": "m-v1"}])],
+        OBJECTIVES,
+        passthrough=True,
+        cluster=CLUSTER,
+        sources=sources,
+    )
+    resolved = catalog.resolve(asked, random.Random(0), objective)
+    assert (resolved.target, resolved.priority, resolved.rewrite, resolved.objective) == expected
+    assert resolved.critical is (resolved.priority >= 0)
+    assert resolved.model == asked
+    assert resolved.configured is (asked != "anything" and expected[2] != "")
+
+
+def test_a_cluster_rewrite_draws_by_weight():
+    weighted = ClusterRewrite(
+        "split", GIE, 1, "", (RewriteRule(("m",), (RewriteTarget("a", 90), RewriteTarget("b", 10))),)
+    )
+    catalog, rng = ModelCatalog([], cluster=ClusterObjects(rewrites=(weighted,))), random.Random(7)
+    counts = Counter(catalog.resolve("m", rng).target for _ in range(10_000))
+    assert 8700 < counts["a"] < 9300

@@ -13,6 +13,8 @@ from picker_builders import pod, snapshot
 
 from pointsman_picker.snapshots import RedisSnapshotSource, StaticSnapshotSource
 from pointsman_shared.backoff import Backoff
+from pointsman_shared.cluster import ClusterObjective, ClusterObjects
+from pointsman_shared.cluster_codec import encode_cluster, stamp
 from pointsman_shared.codec import encode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.snapshot import PoolSnapshot
@@ -226,3 +228,54 @@ class TcpProxy:
             pass
         finally:
             writer.close()
+
+
+# --- the cluster objects beside the snapshot ---------------------------------------------------------
+
+
+async def put_cluster(client: aioredis.Redis, blob: bytes, *, announce: bool = True) -> None:
+    """The collector's cluster write (cluster_sink): stamp and blob, then a notification."""
+    await client.hset(KEYS.cluster, mapping={"stamp": stamp(blob), "data": blob})
+    if announce:
+        await client.publish(KEYS.channel, "cluster")
+
+
+def objects(*priorities: int) -> ClusterObjects:
+    gie = "inference.networking.x-k8s.io/v1alpha2"
+    return ClusterObjects(
+        objectives=tuple(ClusterObjective(f"o{i}", gie, 1, p) for i, p in enumerate(priorities))
+    )
+
+
+async def test_cluster_objects_are_read_and_handed_on_and_the_last_good_set_stays(redis_url, client):
+    await publish(client, snapshot(pod(0, 0.1, address="10.0.0.1:8000")))
+    applied: list[ClusterObjects] = []
+    async with running(redis_url, poll_interval=60.0) as source:
+        source.watch_cluster(applied.append)
+        await put_cluster(client, encode_cluster(objects(1)))
+        await eventually(lambda: applied == [objects(1)])
+        # The same stamp again is not read again; a new one is, at its notification.
+        await publish(client, snapshot(pod(1, 0.1, address="10.0.0.1:8000")))
+        await put_cluster(client, encode_cluster(objects(1, 2)))
+        await eventually(lambda: applied == [objects(1), objects(1, 2)])
+        # A blob this reader cannot decode, then the hash gone: the last good set stays.
+        await put_cluster(client, b'{"codec": 99}')
+        await publish(client, snapshot(pod(2, 0.1, address="10.0.0.1:8000")))
+        await eventually(lambda: version_of(source) is not None and version_of(source) >= 3)
+        await client.delete(KEYS.cluster)
+        await publish(client, snapshot(pod(3, 0.1, address="10.0.0.1:8000")))
+        await eventually(lambda: version_of(source) == 4)
+        assert source.cluster == objects(1, 2)
+        assert applied == [objects(1), objects(1, 2)]
+        # A late listener gets the current set at once.
+        late: list[ClusterObjects] = []
+        source.watch_cluster(late.append)
+        assert late == [objects(1, 2)]
+
+
+def test_the_static_source_hands_on_cluster_objects():
+    source, applied = StaticSnapshotSource(), []
+    source.set_cluster(objects(5))
+    source.watch_cluster(applied.append)
+    source.set_cluster(objects(6))
+    assert applied == [objects(5), objects(6)]

@@ -96,7 +96,7 @@ async def test_a_routed_request_s_span_is_a_child_of_envoy_s_call_span(traced):
     assert attributes["pointsman.result"] == "picked"
     assert attributes["pointsman.pods"] == 2
     assert attributes["pointsman.request_id"] == "r-1"
-    assert str(attributes["pointsman.explain"]).startswith("pods=2")
+    assert str(attributes["pointsman.explain"]).startswith("rewrite=config/my-model; pods=2")
     assert attributes["pointsman.snapshot_age_s"] == pytest.approx(0.25)
 
 

@@ -139,6 +139,9 @@ class KubernetesDiscovery(_Model):
     api_version: InferencePoolApiVersion = INFERENCE_POOL_V1
     # Unset: the in-cluster service account.
     kubeconfig: str | None = Field(default=None, min_length=1)
+    # Write an Accepted condition into the status of the pool's InferenceObjectives and
+    # InferenceModelRewrites (when the Role grants it; see docs/collector.md).
+    write_status: bool = True
 
 
 def _host_ports(addresses: tuple[str, ...], default_port: int) -> tuple[str, ...]:
@@ -355,6 +358,9 @@ class PickerConfig(_Model):
     # A model no entry of `models` names is served as asked, with the default objective (upstream v1);
     # false answers 404 instead.
     passthrough_unknown_models: bool = True
+    # Where InferenceObjectives and model rewrites come from: "config" (`models`, `objectives`), "cluster"
+    # (the objects the collector reads from Kubernetes), or "both", the config winning on a clash.
+    cluster_objects: Literal["both", "cluster", "config"] = "both"
     # The native server's HTTP/2 limits (picker.server native only; grpcio keeps its own). Only the
     # picker reads them: it checks them itself (pointsman_picker.h2grpc.config), as it checks plugin
     # parameters, and names the bad path the same way.

@@ -21,6 +21,12 @@ class RedisKeys:
         return f"{self._base}:snapshot"
 
     @property
+    def cluster(self) -> str:
+        """Hash ``{stamp, data}``: the pool's InferenceObjectives and InferenceModelRewrites from the
+        cluster (``cluster_codec``) and the blob's digest; no expiry, so pickers keep the last set."""
+        return f"{self._base}:cluster"
+
+    @property
     def sequence(self) -> str:
         """Counter behind ``version``; never expires, so versions only grow across collector restarts."""
         return f"{self._base}:seq"

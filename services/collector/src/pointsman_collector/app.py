@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from pointsman_shared.cluster import ClusterObjects
+from pointsman_shared.cluster_codec import cluster_to_dict
 from pointsman_shared.codec import pod_to_dict
 from pointsman_shared.snapshot import PoolSnapshot
 
@@ -21,7 +24,13 @@ class CollectorView(Protocol):
     def readiness(self) -> str | None: ...
 
 
-def create_app(collector: CollectorView, *, registry: CollectorRegistry) -> FastAPI:
+def create_app(
+    collector: CollectorView,
+    *,
+    registry: CollectorRegistry,
+    cluster: Callable[[], ClusterObjects] | None = None,
+) -> FastAPI:
+    """``cluster``: the cluster objects last read, shown in ``/v1/pool`` (none when not watched)."""
     # Handlers are async on purpose: each is quick, and sync handlers would hop to a thread pool.
     app = FastAPI(title="pointsman-collector", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -45,14 +54,15 @@ def create_app(collector: CollectorView, *, registry: CollectorRegistry) -> Fast
         snapshot = collector.published
         if snapshot is None:
             return _json({"status": "not ready", "reason": "no snapshot published yet"}, status=503)
-        return _json(
-            {
-                "pool": snapshot.pool,
-                "version": snapshot.version,
-                "publishedAt": snapshot.published_at,
-                "pods": [pod_to_dict(pod) for pod in snapshot.pods],
-            }
-        )
+        body = {
+            "pool": snapshot.pool,
+            "version": snapshot.version,
+            "publishedAt": snapshot.published_at,
+            "pods": [pod_to_dict(pod) for pod in snapshot.pods],
+        }
+        if cluster is not None:
+            body["cluster"] = cluster_to_dict(cluster())
+        return _json(body)
 
     return app
 

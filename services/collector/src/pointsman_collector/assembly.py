@@ -25,9 +25,12 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from pointsman_collector.app import create_app
-from pointsman_collector.kubernetes import KubernetesTargets, from_kubeconfig, in_cluster
+from pointsman_collector.cluster_sink import ClusterSink
+from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets, from_kubeconfig, in_cluster
+from pointsman_collector.kubernetes.cluster_objects import PoolRef
+from pointsman_collector.kubernetes.cluster_watch import ClusterObjectsWatch
 from pointsman_collector.loop import Clock, Collector
-from pointsman_collector.metrics import ShareCollector
+from pointsman_collector.metrics import ClusterMetrics, ShareCollector
 from pointsman_collector.scrape import Scraper
 from pointsman_collector.sharing import Membership, ShardSink, Share
 from pointsman_collector.sink import RedisSnapshotSink, SnapshotSink, redis_client
@@ -60,6 +63,7 @@ def create_collector(
     me: str | None = None,
     environ: Mapping[str, str] = os.environ,
     tracing: Tracing | None = None,
+    cluster: ClusterObjectsWatch | None = None,
 ) -> CollectorService:
     """The collector ``config`` describes, not started yet.
 
@@ -76,6 +80,9 @@ def create_collector(
     - ``listen``: a bound listening socket the HTTP server takes over (default: ``collector.listen``,
       bound here; raises OSError when taken);
     - ``me``: this replica's name among the sharing replicas (default: ``hostname-pid``);
+    - ``cluster``: the watch of the pool's InferenceObjectives and InferenceModelRewrites, published to
+      Redis beside the snapshot (default: :func:`config_cluster_watch` of ``config``; none without
+      ``pool.kubernetes`` or with ``picker.clusterObjects: config``);
     - ``tracing``: the spans' provider (default: built from ``config.tracing``; none when it is off),
       shut down by :meth:`CollectorService.aclose`.
 
@@ -88,8 +95,10 @@ def create_collector(
     sources = list(targets) if targets is not None else config_targets(config, environ)
     keys = RedisKeys(config.pool.name)
     settings = config.collector
+    if cluster is None and targets is None:
+        cluster = config_cluster_watch(config, environ)
     owned_redis: RedisClient | None = None
-    if redis is None and (sink is None or settings.sharing):
+    if redis is None and (sink is None or settings.sharing or cluster is not None):
         redis = owned_redis = redis_client(config.redis.target)
     # A replica's name in the pool's member set: unique per process, readable in logs.
     me = me or f"{socket.gethostname()}-{os.getpid()}"
@@ -123,9 +132,19 @@ def create_collector(
         registry.register(
             ShareCollector(config.pool.name, owned=lambda: len(union.endpoints), replicas=lambda: 1)
         )
+    publisher: _ClusterPublisher | None = None
+    if cluster is not None:
+        assert redis is not None
+        watch = cluster
+        metrics = ClusterMetrics(registry, lambda: watch.objects)
+        cluster_sink = ClusterSink(redis, keys, on_error=metrics.publish_failed)
+        cluster.listen(cluster_sink.set, metrics.watch_failed)
+        publisher = _ClusterPublisher(cluster, cluster_sink)
     server = _Server(
         uvicorn.Config(
-            create_app(collector, registry=registry),
+            create_app(
+                collector, registry=registry, cluster=(lambda: watch.objects) if cluster is not None else None
+            ),
             log_config=None,
             access_log=False,
             lifespan="off",
@@ -143,6 +162,7 @@ def create_collector(
         server=server,
         listen=listen,
         owned_redis=owned_redis,
+        cluster=publisher,
         tracing=tracing,
     )
 
@@ -158,16 +178,40 @@ def config_targets(config: PointsmanConfig, environ: Mapping[str, str]) -> list[
         sources.append(FileTargets(pool.endpoints_file, static=(), default_port=pool.target_port))
     if pool.kubernetes is not None:
         k8s = pool.kubernetes
-        if k8s.kubeconfig is not None:
-            access = from_kubeconfig(k8s.kubeconfig, namespace=k8s.namespace)
-        else:
-            access = in_cluster(environ)
-            if k8s.namespace is not None:
-                access = dataclasses.replace(access, namespace=k8s.namespace)
         sources.append(
-            KubernetesTargets(access, pool=k8s.inference_pool or pool.name, api_version=k8s.api_version)
+            KubernetesTargets(
+                kube_access(config, environ),
+                pool=k8s.inference_pool or pool.name,
+                api_version=k8s.api_version,
+            )
         )
     return sources
+
+
+def config_cluster_watch(config: PointsmanConfig, environ: Mapping[str, str]) -> ClusterObjectsWatch | None:
+    """The watch of the InferencePool's objectives and rewrites, when the pool is discovered in
+    Kubernetes and the pickers read cluster objects (``picker.clusterObjects`` not ``config``)."""
+    k8s = config.pool.kubernetes
+    if k8s is None or config.picker.cluster_objects == "config":
+        return None
+    return ClusterObjectsWatch(
+        kube_access(config, environ),
+        pool=PoolRef(k8s.inference_pool or config.pool.name, k8s.api_version.split("/")[0]),
+        write_status=k8s.write_status,
+    )
+
+
+def kube_access(config: PointsmanConfig, environ: Mapping[str, str]) -> KubeAccess:
+    """How to reach the API server ``pool.kubernetes`` says; raises
+    :class:`~pointsman_collector.errors.DiscoveryError`."""
+    k8s = config.pool.kubernetes
+    assert k8s is not None
+    if k8s.kubeconfig is not None:
+        return from_kubeconfig(k8s.kubeconfig, namespace=k8s.namespace)
+    access = in_cluster(environ)
+    if k8s.namespace is not None:
+        access = dataclasses.replace(access, namespace=k8s.namespace)
+    return access
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -183,6 +227,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClusterPublisher:
+    watch: ClusterObjectsWatch
+    sink: ClusterSink
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +256,7 @@ class CollectorService:
         server: uvicorn.Server,
         listen: socket.socket,
         owned_redis: RedisClient | None,
+        cluster: _ClusterPublisher | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.collector = collector
@@ -217,6 +268,7 @@ class CollectorService:
         self._server = server
         self._listen = listen
         self._owned_redis = owned_redis
+        self._cluster = cluster
         self._tasks: list[asyncio.Task[None]] = []  # the sources and the membership
         self._http: asyncio.Task[None] | None = None
         self._closed = False
@@ -237,6 +289,9 @@ class CollectorService:
         serving HTTP. Closes everything again when it fails."""
         try:
             await self._discover()
+            if self._cluster is not None:
+                self._tasks.append(asyncio.create_task(self._cluster.watch.run(), name="cluster objects"))
+                self._tasks.append(asyncio.create_task(self._cluster.sink.run(), name="cluster publish"))
             if self._sharing is not None:
                 share, membership = self._sharing.share, self._sharing.membership
                 with contextlib.suppress(RedisError, OSError):

@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pointsman_collector.errors import PUBLISH_REASONS, SCRAPE_REASONS
+from pointsman_shared.cluster import OBJECTIVE, REWRITE, WATCH_STATES, ClusterObjects
 from pointsman_shared.snapshot import PoolSnapshot
 
 # A scrape is ~1 ms on a LAN and bounded by the timeout (1 s by default); Redis publishes are faster.
@@ -200,3 +201,68 @@ class ShareCollector(Collector):
         )
         replicas.add_metric([self._pool], self._replicas())
         yield from (owned, replicas)
+
+
+class ClusterMetrics:
+    """The cluster objects' watch and publish: failures counted as they happen, the objects and the
+    watches' states read at scrape time from the last set (:class:`ClusterCollector`)."""
+
+    def __init__(self, registry: CollectorRegistry, objects: Callable[[], ClusterObjects]) -> None:
+        self.watch_failures = Counter(
+            "pointsman_collector_cluster_watch_failures",
+            "Failed lists or watches of InferenceObjectives and InferenceModelRewrites, by kind, API "
+            "version and the state they led to (absent: no CRD; forbidden: no RBAC; failing: other).",
+            ["kind", "api_version", "state"],
+            registry=registry,
+        )
+        self.publish_errors = Counter(
+            "pointsman_collector_cluster_publish_errors",
+            "Failed writes of the cluster objects to Redis, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in PUBLISH_REASONS:
+            self.publish_errors.labels(reason)
+        registry.register(ClusterCollector(objects))
+
+    def watch_failed(self, kind: str, api_version: str, state: str) -> None:
+        self.watch_failures.labels(kind, api_version, state).inc()
+
+    def publish_failed(self, reason: str) -> None:
+        self.publish_errors.labels(reason).inc()
+
+
+class ClusterCollector(Collector):
+    """Gauges of the last set of cluster objects: each watch's state, each object applied or refused."""
+
+    def __init__(self, objects: Callable[[], ClusterObjects]) -> None:
+        self._objects = objects
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        objects = self._objects()
+        watches = GaugeMetricFamily(
+            "pointsman_collector_cluster_watch_state",
+            "1 for the state each kind and API version is in: watching, absent (no CRD), forbidden "
+            "(no RBAC), failing.",
+            labels=["kind", "api_version", "state"],
+        )
+        for watch in objects.watches:
+            for state in WATCH_STATES:
+                watches.add_metric([watch.kind, watch.api_version, state], float(state == watch.status))
+        applied = GaugeMetricFamily(
+            "pointsman_collector_cluster_objects",
+            "The pool's InferenceObjectives and InferenceModelRewrites by kind, API version, name and "
+            "result (applied, refused: the reason is in the log and /v1/pool); the value is the "
+            "object's generation.",
+            labels=["kind", "api_version", "name", "result"],
+        )
+        for o in objects.objectives:
+            applied.add_metric([OBJECTIVE, o.api_version, o.name, "applied"], o.generation)
+        for r in objects.rewrites:
+            applied.add_metric([REWRITE, r.api_version, r.name, "applied"], r.generation)
+        for x in objects.refused:
+            applied.add_metric([x.kind, x.api_version, x.name, "refused"], x.generation)
+        yield from (watches, applied)

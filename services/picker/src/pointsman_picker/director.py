@@ -30,6 +30,7 @@ from pointsman_picker.scheduling import CycleState, Drop, Pods, RequestPlugin, S
 from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.profiles import Profile, build_profile
+from pointsman_shared.cluster import ClusterObjects
 from pointsman_shared.config import FailureMode, PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot, is_fresh
 
@@ -61,6 +62,16 @@ class BoundedLabels:
             return self.OTHER
         self._seen.add(value)
         return value
+
+
+def decided_by(resolved: Resolved) -> str:
+    """The explain header's head: the model entry or rewrite and the objective that decided."""
+    resolution = resolved.resolution
+    if resolution is None or not (resolution.rewrite or resolution.objective):
+        return ""
+    parts = [f"rewrite={resolution.rewrite}" if resolution.rewrite else ""]
+    parts.append(f"objective={resolution.objective}" if resolution.objective else "")
+    return " ".join(p for p in parts if p) + "; "
 
 
 def usable_pods(snapshot: PoolSnapshot, now: float, max_age: float) -> tuple[Pods, bool]:
@@ -138,15 +149,15 @@ class Director:
         self._tickets = itertools.count(1)
         self._passthrough_labels = BoundedLabels(PASSTHROUGH_LABELS)
         self._profile: Profile | None = None
+        self._cluster: ClusterObjects | None = None
         self.reconfigure(config)
 
     def reconfigure(self, config: PointsmanConfig) -> None:
         """Use ``config``'s models, profile, freshness and failure mode from the next request on. The
         request plugins whose spec did not change are kept, state and all (assignments in flight keep
         counting)."""
-        self._catalog = ModelCatalog(
-            config.models, config.objectives, passthrough=config.picker.passthrough_unknown_models
-        )
+        self._config = config
+        self._catalog = self._build_catalog()
         reuse = self._profile.lifecycle.by_spec() if self._profile is not None else None
         self._profile = build_profile(config, reuse)
         self._lifecycle = lifecycle = self._profile.lifecycle
@@ -157,6 +168,22 @@ class Director:
         self._usable = UsablePods(self._max_staleness)
         self._failing_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
+
+    def apply_cluster(self, objects: ClusterObjects) -> None:
+        """Resolve with ``objects`` (the cluster's objectives and rewrites) from the next request on, as
+        ``picker.clusterObjects`` says."""
+        self._cluster = objects
+        self._catalog = self._build_catalog()
+
+    def _build_catalog(self) -> ModelCatalog:
+        config = self._config
+        return ModelCatalog(
+            config.models,
+            config.objectives,
+            passthrough=config.picker.passthrough_unknown_models,
+            cluster=self._cluster,
+            sources=config.picker.cluster_objects,
+        )
 
     def request_plugins(self) -> tuple[RequestPlugin, ...]:
         """The running profile's request plugins (what the picker's I/O side feeds, e.g. the prefix
@@ -197,11 +224,11 @@ class Director:
             body=parsed.doc,
             request_id=context.request_id,
         )
-        model = target = resolution.model
-        if resolution.configured:
-            target = resolution.target
-        else:
-            model = target = self._passthrough_labels.label(model)
+        model = resolution.model
+        if not resolution.configured:
+            model = self._passthrough_labels.label(model)
+        # A target that is not the name asked is some entry's or rule's: bounded.
+        target = model if resolution.target == resolution.model else resolution.target
         return Resolved(
             context, request, forward, forward is not body, model, target, resolution.priority, resolution
         )
@@ -261,7 +288,9 @@ class Director:
                     else f"picked {outcome.address}"
                 )
                 notes = self._lifecycle.notes(state)
-                path = trace.describe(pods=len(pods), notes=notes, stale=candidates.stale, outcome=done)
+                path = decided_by(resolved) + trace.describe(
+                    pods=len(pods), notes=notes, stale=candidates.stale, outcome=done
+                )
         return Decision(outcome, state, path, len(pods))
 
     def commit(self, resolved: Resolved, candidates: Candidates, decision: Decision) -> Routing:
@@ -287,13 +316,15 @@ class Director:
 
     def _fail_open(self, resolved: Resolved, candidates: Candidates) -> Routing:
         assert candidates.fallback is not None
-        path = f"no fresh pods; failureMode FailOpen; picked {candidates.fallback}"
+        path = f"{decided_by(resolved)}no fresh pods; failureMode FailOpen; picked {candidates.fallback}"
         return self._routed(resolved, candidates.fallback, None, "fail_open", path, 0)
 
     def _routed(
         self, resolved: Resolved, endpoint: str, ticket: Ticket | None, result: str, path: str, pods: int
     ) -> Routing:
         self._metrics.routed(resolved.model, resolved.target, resolved.priority, self.profile, result)
+        if resolved.resolution is not None:
+            self._metrics.decided(resolved.resolution.rewrite, resolved.resolution.objective)
         return Routing(
             endpoint,
             resolved.forward,

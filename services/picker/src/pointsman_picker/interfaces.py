@@ -21,6 +21,10 @@ class RoutingMetrics(Protocol):
     def scheduled(self, seconds: float) -> None:
         """One run of the scheduler took ``seconds``."""
 
+    def decided(self, rewrite: str, objective: str) -> None:
+        """A routed request's model entry or rewrite and objective (``config/NAME``, ``cluster/NAME``,
+        ``""`` for none)."""
+
     def plugins_timed(self, steps: list[tuple[str, str, int, float]]) -> None:
         """The plugins of one timed decision: (kind, name, pods kept or scored, seconds) in order."""
 
@@ -32,6 +36,9 @@ class NoMetrics:
         pass
 
     def scheduled(self, seconds: float) -> None:
+        pass
+
+    def decided(self, rewrite: str, objective: str) -> None:
         pass
 
     def plugins_timed(self, steps: list[tuple[str, str, int, float]]) -> None:

@@ -162,6 +162,22 @@ class PickerMetrics:
             ["result"],
             registry=registry,
         )
+        self.resolved = Counter(
+            "pointsman_picker_resolved_requests",
+            "Requests routed, by what decided them: the model entry or InferenceModelRewrite "
+            "(config/NAME, cluster/NAME) and the InferenceObjective (config/NAME, cluster/NAME); "
+            "empty for none.",
+            ["rewrite", "objective"],
+            registry=registry,
+        )
+        self.cluster_objects = Counter(
+            "pointsman_picker_cluster_objects_applied",
+            "New sets of cluster objects (InferenceObjectives, InferenceModelRewrites) read from Redis, "
+            "by result (applied, refused).",
+            ["result"],
+            registry=registry,
+        )
+        self._decided: dict[tuple[str, str], Callable[[], None]] = {}
         self._routed: dict[tuple[str, str, int, str, str], tuple[Callable[[], None], ...]] = {}
         self._failed: dict[tuple[str, str, str, str, str], tuple[Callable[[], None], ...]] = {}
         self._running: dict[str, Gauge] = {}
@@ -195,6 +211,15 @@ class PickerMetrics:
         if child is None:
             child = self._running[model] = self.running_requests.labels(model)
         return child
+
+    def decided(self, rewrite: str, objective: str) -> None:
+        increment = self._decided.get((rewrite, objective))
+        if increment is None:
+            increment = self._decided[rewrite, objective] = self.resolved.labels(rewrite, objective).inc
+        increment()
+
+    def cluster_applied(self, result: str) -> None:
+        self.cluster_objects.labels(result).inc()
 
     def config_reload(self, result: str) -> None:
         self.config_reloads.labels(result).inc()

@@ -50,6 +50,7 @@ from pointsman_picker.scheduling.registry import PluginError
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotFeed
 from pointsman_picker.tracing import RouteTracer
 from pointsman_shared import upstream
+from pointsman_shared.cluster import ClusterObjects
 from pointsman_shared.config import ConfigError, PointsmanConfig
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.tracing import Tracing, build_tracing
@@ -97,6 +98,7 @@ class PickerApp:
             controller = FlowController(self.director, config, clock=clock, metrics=flow_metrics)
             registry.register(FlowCollector(controller, flow_metrics.flows, config.pool.name))
             self.flow = FlowGate(controller)
+        source.watch_cluster(self.apply_cluster)
         self.service = ExtProcService(
             self.flow.route if self.flow is not None else self.director.route,
             stream_settings(config),
@@ -139,6 +141,23 @@ class PickerApp:
         self.service.settings = stream_settings(config)
         self.config = config
         log.info("config reloaded: %d models", len(config.models))
+
+    def apply_cluster(self, objects: ClusterObjects) -> None:
+        """Resolve with the cluster's new objectives and rewrites from the next request on (as a config
+        reload is applied); ignored with ``picker.clusterObjects: config``."""
+        try:
+            self.director.apply_cluster(objects)
+        except Exception:  # a bug here must not stop the snapshot reads that called it
+            log.exception("cluster objects not applied; the last set stays")
+            self.metrics.cluster_applied("refused")
+            return
+        self.metrics.cluster_applied("applied")
+        if self.config.picker.cluster_objects != "config":
+            log.info(
+                "cluster objects applied: %d objectives, %d rewrites",
+                len(objects.objectives),
+                len(objects.rewrites),
+            )
 
     def _route_tracer(self, tracing: Tracing | None, clock: Callable[[], float]) -> RouteTracer | None:
         if tracing is None:

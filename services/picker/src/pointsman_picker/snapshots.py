@@ -6,6 +6,11 @@ new version on the pool's channel, and polls it as a safety net. When Redis is u
 last copy and retries with backoff. When the hash is gone (it expires when the collector dies), there is
 no snapshot: ``pool.failureMode`` decides (see the director).
 
+Beside the snapshot, the pool's cluster objects (InferenceObjectives and InferenceModelRewrites the
+collector read from Kubernetes, ``cluster_codec``) are read in the same round trip by their stamp, and
+decoded only when the stamp changed; each new set goes to the callback :meth:`SnapshotFeed.watch_cluster`
+named. A set that cannot be decoded, a hash that is gone and an outage all keep the last good set.
+
 Redis may be one server, Sentinel's primary or a cluster (``pointsman_shared.redis_client``). After a
 Sentinel failover the reads' next connection asks the Sentinels for the new primary, and the lost
 subscription is made again there.
@@ -17,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from typing import Protocol
 
 from redis.asyncio.retry import Retry
@@ -26,6 +32,8 @@ from redis.exceptions import RedisError
 from pointsman_picker.interfaces import SnapshotSource
 from pointsman_shared.aio import wait_event
 from pointsman_shared.backoff import Backoff, Jitter
+from pointsman_shared.cluster import ClusterObjects
+from pointsman_shared.cluster_codec import ClusterCodecError, decode_cluster
 from pointsman_shared.codec import CodecError, decode_pool
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.redis_client import ClientOptions, RedisClient, create_client
@@ -45,6 +53,12 @@ class SnapshotFeed(SnapshotSource, Protocol):
 
     async def aclose(self) -> None: ...
 
+    def watch_cluster(self, apply: ApplyCluster) -> None:
+        """Call ``apply`` with each new set of cluster objects (at once with the current one, if any)."""
+
+
+ApplyCluster = Callable[[ClusterObjects], None]
+
 
 class StaticSnapshotSource:
     """A snapshot held in memory and replaced by hand: for tests and benchmarks."""
@@ -52,7 +66,19 @@ class StaticSnapshotSource:
     def __init__(self, snapshot: PoolSnapshot | None = None) -> None:
         self._snapshot: PoolSnapshot | None = None
         self._ready = asyncio.Event()
+        self._cluster: ClusterObjects | None = None
+        self._apply: ApplyCluster | None = None
         self.set(snapshot)
+
+    def watch_cluster(self, apply: ApplyCluster) -> None:
+        self._apply = apply
+        if self._cluster is not None:
+            apply(self._cluster)
+
+    def set_cluster(self, objects: ClusterObjects) -> None:
+        self._cluster = objects
+        if self._apply is not None:
+            self._apply(objects)
 
     def set(self, snapshot: PoolSnapshot | None) -> None:
         self._snapshot = snapshot
@@ -109,12 +135,25 @@ class RedisSnapshotSource:
         self._client: RedisClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._bad_version: int | None = None
+        self._cluster: ClusterObjects | None = None
+        self._cluster_stamp: bytes | None = None  # of the last set read, good or not
+        self._apply: ApplyCluster | None = None
 
     def current(self) -> PoolSnapshot | None:
         return self._snapshot
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    def watch_cluster(self, apply: ApplyCluster) -> None:
+        self._apply = apply
+        if self._cluster is not None:
+            apply(self._cluster)
+
+    @property
+    def cluster(self) -> ClusterObjects | None:
+        """The last good set of cluster objects read (``None`` before the first)."""
+        return self._cluster
 
     async def start(self) -> None:
         # No retries inside the client: the loops below own retrying, with their own backoff.
@@ -154,7 +193,14 @@ class RedisSnapshotSource:
         """Read the snapshot hash once and swap the in-memory copy if the version changed."""
         assert self._client is not None, "start() first"
         async with asyncio.timeout(self._io_timeout):
-            version_raw, data = await self._client.hmget(self._keys.snapshot, ["version", "data"])
+            pipe = self._client.pipeline(transaction=False)  # one round trip: the keys share a slot
+            pipe.hmget(self._keys.snapshot, ["version", "data"])
+            pipe.hmget(self._keys.cluster, ["stamp"])
+            (version_raw, data), (cluster_stamp,) = await pipe.execute()
+            if isinstance(cluster_stamp, str):
+                cluster_stamp = cluster_stamp.encode()
+            if cluster_stamp is not None and cluster_stamp != self._cluster_stamp:
+                await self._read_cluster()
         if version_raw is None or data is None:
             if self._snapshot is not None:
                 log.warning("snapshot %s is gone (collector down?): no snapshot now", self._keys.snapshot)
@@ -179,6 +225,21 @@ class RedisSnapshotSource:
             log.info("snapshot version %d: %d pods", version, len(snapshot.pods))
         self._snapshot, self._blob = snapshot, blob
         self._ready.set()
+
+    async def _read_cluster(self) -> None:
+        assert self._client is not None
+        stamp, data = await self._client.hmget(self._keys.cluster, ["stamp", "data"])
+        if stamp is None or data is None:
+            return  # gone meanwhile: the last set stays
+        self._cluster_stamp = stamp if isinstance(stamp, bytes) else stamp.encode()
+        try:
+            objects = decode_cluster(data if isinstance(data, bytes) else data.encode())
+        except ClusterCodecError as exc:
+            log.error("ignoring the cluster objects %s (keeping the last set): %s", self._keys.cluster, exc)
+            return
+        self._cluster = objects
+        if self._apply is not None:
+            self._apply(objects)
 
     def _reject(self, version: int, why: str) -> None:
         if self._bad_version != version:  # once per bad version, not once per poll

@@ -36,7 +36,7 @@ WATCH_SLACK = 30.0
 RETRY = Backoff(initial=0.5, factor=2.0, maximum=10.0, jitter=Jitter.NONE)
 
 
-class _Relist(Exception):
+class Relist(Exception):
     """The watch cannot resume (410 Gone, or an ERROR event): list again."""
 
 
@@ -148,7 +148,7 @@ class KubernetesTargets:
                         raise _SpecChanged(None, version)
                     if kind in ("ADDED", "MODIFIED") and (new := pool_spec(obj, self._api_version)) != spec:
                         raise _SpecChanged(new, version)
-            except _Relist:
+            except Relist:
                 return version
 
     async def _follow_pods(self, client: httpx.AsyncClient, spec: PoolSpec) -> None:
@@ -166,7 +166,7 @@ class KubernetesTargets:
                         if kind != "BOOKMARK":
                             self._table.apply(kind, pod)
                             self._emit(spec)
-            except _Relist:
+            except Relist:
                 continue
 
     def _emit(self, spec: PoolSpec) -> None:
@@ -183,36 +183,57 @@ class KubernetesTargets:
     async def _get(
         self, client: httpx.AsyncClient, path: str, params: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
-        response = await client.get(path, params=params)
-        if response.status_code != 200:
-            raise DiscoveryError("kubernetes", f"GET {path}: HTTP {response.status_code}")
-        doc = response.json()
-        if not isinstance(doc, dict):
-            raise DiscoveryError("kubernetes", f"GET {path}: not an object")
-        return doc
+        return await get_object(client, path, params)
 
-    async def _watch(
+    def _watch(
         self, client: httpx.AsyncClient, path: str, params: Mapping[str, str], version: str
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """The events of one watch request, until the server ends it. Raises :class:`_Relist`."""
-        query = {
-            **params,
-            "watch": "1",
-            "resourceVersion": version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._watch_seconds),
-        }
-        async with client.stream("GET", path, params=query) as response:
-            if response.status_code == 410:
-                raise _Relist
-            if response.status_code != 200:
-                raise DiscoveryError("kubernetes", f"watch {path}: HTTP {response.status_code}")
-            async for line in response.aiter_lines():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    # Usually 410 Gone: the resourceVersion is too old to resume from.
-                    raise _Relist
-                yield str(kind), obj
+        return watch_events(client, path, params, version, self._watch_seconds)
+
+
+class ApiStatus(DiscoveryError):
+    """The API server answered with another status than 200 (``status``)."""
+
+    def __init__(self, detail: str, status: int) -> None:
+        super().__init__("kubernetes", detail)
+        self.status = status
+
+
+async def get_object(
+    client: httpx.AsyncClient, path: str, params: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The JSON object at ``path``; :class:`ApiStatus` for another status than 200."""
+    response = await client.get(path, params=params)
+    if response.status_code != 200:
+        raise ApiStatus(f"GET {path}: HTTP {response.status_code}", response.status_code)
+    doc = response.json()
+    if not isinstance(doc, dict):
+        raise DiscoveryError("kubernetes", f"GET {path}: not an object")
+    return doc
+
+
+async def watch_events(
+    client: httpx.AsyncClient, path: str, params: Mapping[str, str], version: str, seconds: int
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The events of one watch request, until the server ends it. Raises :class:`Relist`."""
+    query = {
+        **params,
+        "watch": "1",
+        "resourceVersion": version,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(seconds),
+    }
+    async with client.stream("GET", path, params=query) as response:
+        if response.status_code == 410:
+            raise Relist
+        if response.status_code != 200:
+            raise ApiStatus(f"watch {path}: HTTP {response.status_code}", response.status_code)
+        async for line in response.aiter_lines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                # Usually 410 Gone: the resourceVersion is too old to resume from.
+                raise Relist
+            yield str(kind), obj
