@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from pointsman_picker.h2grpc import wire
 from pointsman_picker.h2grpc.budgets import FloodBudgets
@@ -82,6 +82,7 @@ class _Stream:
         "headers_sent",
         "id",
         "inbox",
+        "metadata",
         "outbox",
         "queued",
         "recv_window",
@@ -95,6 +96,7 @@ class _Stream:
         self.connection = connection
         self.id = stream_id
         self.call: Call | None = None
+        self.metadata: Sequence[tuple[bytes, bytes]] = ()  # the request's header fields
         self.inbox = bytearray()  # a request message not yet complete
         self.reserved = 0  # the announced size of that message, counted in the connection's budget
         self.recv_window = connection._receiving.initial  # what the peer may still send on this stream
@@ -568,6 +570,7 @@ class H2Protocol:
             return
         method = self._methods.get(path)
         stream = self._open(stream_id)
+        stream.metadata = fields
         if method is None:
             stream.remote_closed = bool(flags & END_STREAM)
             stream.finish(Status.UNIMPLEMENTED, f"unknown method {path[:_MESSAGE_PATH].decode('latin-1')}")
