@@ -159,6 +159,9 @@ class H2Protocol:
         on_output: Callable[[], None] | None = None,
     ) -> None:
         limits = limits or Limits()
+        # Fewer than 30 attributes (28 now): past 29, CPython 3.11 reads each of them more slowly
+        # (measured with bench/h2_cost.py: 30 cost 5.6% more instructions per unary call, 29 nothing).
+        # State of its own belongs in the objects composed below.
         self._methods = methods
         self._max_message = max_message_bytes
         self._limits = limits
