@@ -34,9 +34,7 @@ def with_destination_metadata(
 
 def request_headers_continue() -> pb.ProcessingResponse:
     """The answer to request headers that a body will follow."""
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=pb.CommonResponse(clear_route_cache=True))
-    )
+    return REQUEST_HEADERS_CONTINUE
 
 
 def request_headers_routed(
@@ -131,7 +129,7 @@ def request_trailers_continue() -> pb.ProcessingResponse:
 
 
 def response_headers_continue() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    return RESPONSE_HEADERS_CONTINUE
 
 
 def response_headers_with(name: str, value: str) -> pb.ProcessingResponse:
@@ -143,8 +141,26 @@ def response_headers_with(name: str, value: str) -> pb.ProcessingResponse:
     )
 
 
+# Answers that never change, built once: a streamed response sends one of these per chunk (per
+# token). Shared, so never mutated; SERIALIZED holds each one's wire bytes for the native server.
+RESPONSE_BODY_CONTINUE = pb.ProcessingResponse(response_body=pb.BodyResponse())
+RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(
+    request_headers=pb.HeadersResponse(response=pb.CommonResponse(clear_route_cache=True))
+)
+SERIALIZED: dict[int, bytes] = {
+    id(answer): answer.SerializeToString()
+    for answer in (RESPONSE_BODY_CONTINUE, RESPONSE_HEADERS_CONTINUE, REQUEST_HEADERS_CONTINUE)
+}
+
+
+def serialized(response: pb.ProcessingResponse) -> bytes:
+    """``response`` on the wire (a constant's bytes from :data:`SERIALIZED`, without serializing)."""
+    return SERIALIZED.get(id(response)) or response.SerializeToString()
+
+
 def response_body_continue() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+    return RESPONSE_BODY_CONTINUE
 
 
 def response_body_echo(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:

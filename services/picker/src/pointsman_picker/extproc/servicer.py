@@ -13,6 +13,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 
+from pointsman_picker.extproc.response_chunk import response_body
+from pointsman_picker.extproc.responses import serialized
 from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
@@ -112,6 +114,14 @@ class _ProcessCall:
         self._done = False
 
     def message(self, payload: bytes) -> None:
+        # A streamed response's chunks (one per token) skip the protobuf decode and are answered with
+        # bytes serialized once.
+        chunk = response_body(payload)
+        if chunk is not None:
+            answer = self._stream.response_chunk(*chunk)
+            if answer is not None:
+                self._server_stream.send(serialized(answer))
+            return
         try:
             request = pb.ProcessingRequest.FromString(payload)
         except DecodeError:
@@ -120,7 +130,7 @@ class _ProcessCall:
             return
         send = self._server_stream.send
         for response in self._stream.handle(request):
-            send(response.SerializeToString())
+            send(serialized(response))
 
     def half_closed(self) -> None:
         self._server_stream.finish()

@@ -131,6 +131,9 @@ class RequestStream:
         if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
             return []
         kind = message.WhichOneof("request")
+        if kind == "response_body":  # first: a streamed response sends one per token
+            body = message.response_body
+            return [self._on_response_chunk(body.body, body.end_of_stream)]
         if kind == "request_headers":
             return self._on_headers(message.request_headers)
         if kind == "request_body":
@@ -139,12 +142,17 @@ class RequestStream:
             return self._on_trailers()
         if kind == "response_headers":
             return self._on_response_headers(message.response_headers)
-        if kind == "response_body":
-            return self._on_response_body(message.response_body)
         if kind == "response_trailers":
             self._complete()
             return [responses.response_trailers_continue()]
         return []
+
+    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse | None:
+        """The answer to one response body chunk, as :meth:`handle` gives it (None: no answer); the
+        native server calls it with a chunk read straight off the wire (``response_chunk.py``)."""
+        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
+            return None
+        return self._on_response_chunk(chunk, end_of_stream)
 
     def _on_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.HEADERS:
@@ -270,16 +278,16 @@ class RequestStream:
             return [responses.response_headers_with(self._settings.explain_header, routing.explain)]
         return [responses.response_headers_continue()]
 
-    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        chunk = body.body
+    def _on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
         self._response_bytes += len(chunk)
-        if self._usage is not None:
-            self._usage.feed(chunk)
-        if body.end_of_stream:
+        usage = self._usage
+        if usage is not None:
+            usage.feed(chunk)
+        if end_of_stream:
             self._complete()
         if self._response_body_mode == _MODE.FULL_DUPLEX_STREAMED:
-            return [responses.response_body_echo(chunk, body.end_of_stream)]
-        return [responses.response_body_continue()]
+            return responses.response_body_echo(chunk, end_of_stream)
+        return responses.RESPONSE_BODY_CONTINUE
 
     def _complete(self) -> None:
         """Report the finished exchange once (the response ended: body, trailers or header-only)."""
