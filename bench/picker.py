@@ -241,6 +241,7 @@ def front_bootstrap(
     *,
     responses: bool,
     body_mode: str | None = None,
+    response_body: bool = True,
 ) -> tuple[dict[str, Any], int]:
     """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
     request would cost Envoy more than some of what is measured); returns it and its gateway port."""
@@ -251,6 +252,7 @@ def front_bootstrap(
         pickers=tuple(f"{HOST}:{p}" for p in pickers),
         response_processing=responses,
         request_body_mode=body_mode,
+        response_body=response_body,
     )
     doc = envoy.bootstrap(options)
     _hcm(doc).pop("access_log")
@@ -684,9 +686,12 @@ class Setup:
     what: str
     responses: bool
     body_mode: str | None = None  # None: the bootstrap's default with or without responses
+    response_body: bool = True
 
     def bootstrap(self, pickers: Sequence[int]) -> tuple[dict[str, Any], int]:
-        return front_bootstrap(pickers, responses=self.responses, body_mode=self.body_mode)
+        return front_bootstrap(
+            pickers, responses=self.responses, body_mode=self.body_mode, response_body=self.response_body
+        )
 
 
 SHIPPED = Setup(
@@ -698,6 +703,13 @@ SHIPPED = Setup(
 )
 SETUPS = (
     SHIPPED,
+    Setup(
+        "headers_only",
+        "as shipped, but response body NONE (EnvoyOptions(response_body=False)): the picker sees a "
+        "response's headers, and its end when Envoy closes the stream; no usage tokens, no response size",
+        responses=True,
+        response_body=False,
+    ),
     Setup(
         "requests_only",
         "request headers SEND + body FULL_DUPLEX_STREAMED, no response processing (the stream ends once "
@@ -830,7 +842,7 @@ class Bench:
             alone.stop(5)
         picker, picker_port = stack.start_picker(f"picker-{server}-streams", server)
         try:
-            for setup in SETUPS[:2]:
+            for setup in SETUPS[:3]:
                 doc, port = setup.bootstrap([picker_port])
                 proxy = start_envoy(doc, f"envoy-{server}-{setup.name}-streams", self.run_dir)
                 try:

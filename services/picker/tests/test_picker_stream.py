@@ -309,6 +309,36 @@ def test_a_header_only_response_completes():
     assert (done.status, done.response_bytes, done.usage) == (503, 0, None)
 
 
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # Response headers shown, body not: Envoy holds the stream to the response's end, which is then
+        # the exchange's end (no size, no usage).
+        (MODE.NONE, [Completion("m", "m", 0, 200, 0.5, 2, None, None)]),
+        # The body shown but cut before its end: not a completed exchange.
+        (MODE.STREAMED, []),
+    ],
+)
+def test_a_response_whose_body_is_not_shown_completes_when_the_stream_ends(mode, expected):
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(with_modes(post_headers(), response=mode))
+    stream.handle(body(b"{}"))
+    stream.handle(response_headers((":status", "200"), ("content-type", "text/event-stream")))
+    assert router.done == []
+    stream.closed()
+    assert router.done == expected
+
+
+def test_a_stream_closed_before_its_response_completes_nothing():
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(with_modes(post_headers(), response=MODE.NONE))
+    stream.handle(body(b"{}"))
+    stream.closed()
+    assert router.done == []
+
+
 def test_request_id_from_the_headers_is_on_every_log_line(caplog):
     caplog.set_level(logging.DEBUG, logger="pointsman_picker")
     stream = FakeRouter(errors.BadRequest("nope")).stream()

@@ -103,6 +103,11 @@ class EnvoyOptions:
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
     response_processing: bool = True
+    # With response_processing, False shows the picker the response headers only: no ext_proc message
+    # per chunk of a streamed response, and no usage tokens or response sizes. Envoy still holds the
+    # stream until the response is over, so durations and in-flight counts are the same
+    # (docs/envoy.md, "Response side").
+    response_body: bool = True
 
     @classmethod
     def from_config(
@@ -350,7 +355,7 @@ def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
         "request_body_mode": options.body_mode,
         # STREAMED, not FULL_DUPLEX_STREAMED: every chunk goes to the client as soon as the picker
         # answers it with an empty reply, and the picker never holds response bytes.
-        "response_body_mode": "STREAMED" if options.response_processing else "NONE",
+        "response_body_mode": "STREAMED" if options.response_processing and options.response_body else "NONE",
         # In FULL_DUPLEX_STREAMED mode trailers can end the body, so the picker must see them.
         "request_trailer_mode": "SEND" if full_duplex else "SKIP",
         "response_trailer_mode": "SKIP",

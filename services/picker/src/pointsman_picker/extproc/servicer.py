@@ -74,6 +74,7 @@ class ExtProcService:
     def close(self, stream: RequestStream, *, cut_short: bool) -> None:
         """``stream`` ended: ``cut_short`` when by a cancel or a reset, else by Envoy's half-close."""
         self.open_streams -= 1
+        stream.closed()
         if stream.routing is not None:
             self._on_finish(stream.routing)
         if self._cut_after is not None and self._clock() >= self._cut_after:

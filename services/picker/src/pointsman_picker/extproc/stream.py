@@ -18,7 +18,9 @@ announces in ``protocol_config``:
   (route, Content-Length), then the body in chunks of at most 62,000 bytes.
 
 When Envoy also sends the response, it is counted (status, sizes, duration, usage tokens) and passed
-through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends.
+through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends: at the body's
+end, or, when Envoy shows the response headers but not the body, when the stream ends (Envoy holds it
+open until the response is over).
 """
 
 from __future__ import annotations
@@ -289,7 +291,13 @@ class RequestStream:
             return responses.response_body_echo(chunk, end_of_stream)
         return responses.RESPONSE_BODY_CONTINUE
 
-    def _complete(self) -> None:
+    def closed(self) -> None:
+        """The stream ended. With response headers shown and the body not (response body mode NONE),
+        Envoy keeps the stream open until the response is over: that is its end."""
+        if self._status and self._response_body_mode == _MODE.NONE:
+            self._complete(body_shown=False)
+
+    def _complete(self, *, body_shown: bool = True) -> None:
         """Report the finished exchange once (the response ended: body, trailers or header-only)."""
         routing = self.routing
         if self.phase is not Phase.ROUTED or routing is None:
@@ -307,7 +315,7 @@ class RequestStream:
                 status=self._status,
                 duration=duration,
                 request_bytes=len(routing.body) if routing.body is not None else 0,
-                response_bytes=self._response_bytes,
+                response_bytes=self._response_bytes if body_shown else None,
                 usage=usage,
             )
         )
