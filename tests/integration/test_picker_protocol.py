@@ -65,6 +65,28 @@ def test_usage_of_json_and_sse_responses_is_counted(gateway: httpx.Client, stack
     )
 
 
+def test_a_stream_without_usage_is_not_shown_to_the_picker(
+    gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    before = picker_samples(stack)
+    request = completion("sql-lora", max_tokens=8, stream=True)
+    with gateway.stream("POST", "/v1/completions", json=request) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 9  # every token and [DONE] reached the client
+
+    def delta(name: str) -> float:
+        return sample(picker_samples(stack), name) - sample(before, name)
+
+    # The picker turned the body off at the response headers (mode_override): the exchange ends when
+    # Envoy closes the stream, just after the client has the last byte.
+    deadline = time.monotonic() + 10
+    while delta("inference_model_request_duration_seconds_count") < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert delta("inference_model_request_duration_seconds_count") == 1
+    assert delta("inference_model_response_sizes_count") == 0
+
+
 def second_gateway(stack: Stack, name: str, **options: object) -> Iterator[httpx.Client]:
     """Another Envoy in front of the same picker, with ``options`` (EnvoyOptions fields) changed."""
     run_dir: Path = stack.run_dir / name

@@ -108,6 +108,10 @@ class EnvoyOptions:
     # stream until the response is over, so durations and in-flight counts are the same
     # (docs/envoy.md, "Response side").
     response_body: bool = True
+    # Let the picker's answer to a response's headers turn its body off (mode_override): it does so
+    # for an event stream whose request did not ask for usage, so those tokens cost it nothing; the
+    # rest is shown as ever (docs/envoy.md, "Response side").
+    allow_mode_override: bool = True
 
     @classmethod
     def from_config(
@@ -341,6 +345,7 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             # the picker must set it to the length of the body it returns (Envoy answers 500 on a
             # mismatch).
             "processing_mode": _processing_mode(options),
+            "allow_mode_override": options.allow_mode_override,
             # Envoy drops dynamic metadata from the processor unless its namespace is listed here.
             "metadata_options": {"receiving_namespaces": {"untyped": [options.metadata_namespace]}},
         },

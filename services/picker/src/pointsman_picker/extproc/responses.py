@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
@@ -148,9 +149,22 @@ RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersRes
 REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(
     request_headers=pb.HeadersResponse(response=pb.CommonResponse(clear_route_cache=True))
 )
+# The response headers answer that asks Envoy for no more of the response (with allow_mode_override;
+# ignored without it): an event stream whose usage nobody asked for has nothing left to count.
+_NO_RESPONSE_BODY = processing_mode_pb2.ProcessingMode(
+    response_body_mode=processing_mode_pb2.ProcessingMode.NONE
+)
+RESPONSE_HEADERS_NO_BODY = pb.ProcessingResponse(
+    response_headers=pb.HeadersResponse(), mode_override=_NO_RESPONSE_BODY
+)
 SERIALIZED: dict[int, bytes] = {
     id(answer): answer.SerializeToString()
-    for answer in (RESPONSE_BODY_CONTINUE, RESPONSE_HEADERS_CONTINUE, REQUEST_HEADERS_CONTINUE)
+    for answer in (
+        RESPONSE_BODY_CONTINUE,
+        RESPONSE_HEADERS_CONTINUE,
+        RESPONSE_HEADERS_NO_BODY,
+        REQUEST_HEADERS_CONTINUE,
+    )
 }
 
 

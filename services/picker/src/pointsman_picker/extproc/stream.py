@@ -118,6 +118,7 @@ class RequestStream:
         self._status = 0
         self._response_bytes = 0
         self._usage: UsageScanner | None = None
+        self._body_declined = False  # the response headers answer asked Envoy for no body
         self._explain = False
         self._headers: Mapping[str, str] = NO_HEADERS
 
@@ -278,6 +279,17 @@ class RequestStream:
         routing = self.routing
         if self._explain and routing is not None and self._settings.explain_header:
             return [responses.response_headers_with(self._settings.explain_header, routing.explain)]
+        if (
+            self._usage.event_stream
+            and self._response_body_mode == _MODE.STREAMED
+            and not headers.end_of_stream
+            and not _asks_for_usage(routing)
+        ):
+            # No usage will come: ask Envoy (allow_mode_override) to show no more of this response, so
+            # its tokens cost no round trip each. Whether Envoy does is not told: if chunks come, they
+            # are counted as ever; if not, the stream's end is the response's (closed()).
+            self._body_declined = True
+            return [responses.RESPONSE_HEADERS_NO_BODY]
         return [responses.response_headers_continue()]
 
     def _on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
@@ -294,7 +306,10 @@ class RequestStream:
     def closed(self) -> None:
         """The stream ended. With response headers shown and the body not (response body mode NONE),
         Envoy keeps the stream open until the response is over: that is its end."""
-        if self._status and self._response_body_mode == _MODE.NONE:
+        not_shown = self._response_body_mode == _MODE.NONE or (
+            self._body_declined and not self._response_bytes
+        )
+        if self._status and not_shown:
             self._complete(body_shown=False)
 
     def _complete(self, *, body_shown: bool = True) -> None:
@@ -332,6 +347,12 @@ class RequestStream:
         )
         self._on_error(error)
         return [responses.error_response(error, self._settings.explain_header if self._explain else None)]
+
+
+def _asks_for_usage(routing: Routing | None) -> bool:
+    """Whether the request may have asked for usage in its stream (``stream_options.include_usage``):
+    a substring test, so a mention anywhere counts (then the body is shown as ever)."""
+    return routing is None or routing.body is None or b"include_usage" in routing.body
 
 
 def _is_models_list(headers: Mapping[str, str]) -> bool:

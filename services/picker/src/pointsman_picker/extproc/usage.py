@@ -37,7 +37,7 @@ class UsageScanner:
     """
 
     def __init__(self, *, event_stream: bool, max_bytes: int) -> None:
-        self._event_stream = event_stream
+        self.event_stream = event_stream
         self._max_bytes = max_bytes
         self._pending = b""
         self._parts: list[bytes] = []
@@ -45,8 +45,9 @@ class UsageScanner:
         self.usage: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
-        if self._event_stream:
-            if self.usage is None:
+        if self.event_stream:
+            # Most chunks are whole events without usage: one substring search, nothing kept.
+            if self.usage is None and (self._pending or _USAGE in chunk or not chunk.endswith(b"\n")):
                 self._scan_lines(chunk)
             return
         self._size += len(chunk)
@@ -56,7 +57,7 @@ class UsageScanner:
             self._parts = []
 
     def finish(self) -> Usage | None:
-        if self._event_stream:
+        if self.event_stream:
             if self.usage is None:
                 self._scan_lines(b"\n")
         elif self._parts:
