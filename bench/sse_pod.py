@@ -1,10 +1,10 @@
 """Backend "pods" for `make bench-picker`'s streamed workload: one process, a listener per pod, each
 answering ``GET /metrics`` with a real vLLM page and ``POST /v1/completions`` with ``"stream": true``
-as vLLM does: an SSE event per token, one every ``--itl`` seconds, then the usage event
-(``stream_options.include_usage``) and ``data: [DONE]``, in HTTP/1.1 chunks (one chunk per event, so
-Envoy reads, and shows the picker, one event at a time). A request without ``"stream": true`` gets
-one JSON completion. Each stream keeps its own clock (token k is due at its start + k x itl), so
-concurrent streams' tokens do not line up into bursts.
+as vLLM does: an SSE event per token, one every ``--itl`` seconds, then the usage event (when
+``stream_options.include_usage`` asks for it) and ``data: [DONE]``, in HTTP/1.1 chunks (one chunk
+per event, so Envoy reads, and shows the picker, one event at a time). A request without
+``"stream": true`` gets one JSON completion. Each stream keeps its own clock (token k is due at its
+start + k x itl), so concurrent streams' tokens do not line up into bursts.
 
     python bench/sse_pod.py --ports 8001,8002 --metrics PAGE [--itl 0.01]
 
@@ -132,11 +132,11 @@ class Pod(asyncio.Protocol):
                 self._transport.write(plain_response(self._metrics, b"text/plain; version=0.0.4"))
             elif _STREAM.search(body):
                 tokens = _MAX_TOKENS.search(body)
-                self._stream(int(tokens[1]) if tokens else 16)
+                self._stream(int(tokens[1]) if tokens else 16, usage=b"include_usage" in body)
             else:
                 self._transport.write(plain_response(COMPLETION, b"application/json"))
 
-    def _stream(self, tokens: int) -> None:
+    def _stream(self, tokens: int, *, usage: bool) -> None:
         assert self._transport is not None
         self._streaming = True
         self._transport.write(_SSE_HEAD)
@@ -150,7 +150,7 @@ class Pod(asyncio.Protocol):
                 self._transport.write(TOKEN)
                 loop.call_at(start + (k + 1) * self._itl, token, k + 1)
                 return
-            self._transport.write(usage_event(tokens) + DONE)
+            self._transport.write((usage_event(tokens) if usage else b"") + DONE)
             self._streaming = False
             if self._buffer:
                 self.data_received(b"")
