@@ -695,9 +695,9 @@ class Setup:
 
 SHIPPED = Setup(
     "shipped",
-    "request headers SEND + body BUFFERED, response headers SEND + body STREAMED, trailers SKIP: what "
-    "every shipped bootstrap (deploy/envoy, the standalone-envoy overlay, the local stack) and the Envoy "
-    "Gateway policy configure",
+    "request headers SEND + body BUFFERED, response headers SEND + body STREAMED, trailers SKIP, "
+    "allow_mode_override: what every shipped bootstrap (deploy/envoy, the standalone-envoy overlay, the "
+    "local stack) configures, and the Envoy Gateway policy without the override",
     responses=True,
 )
 SETUPS = (
@@ -949,6 +949,8 @@ def headline(alone: dict[str, Any], head: dict[str, Any], streams: dict[str, Any
             "cpu_us_per_request": run["cpu_us_per_request"]["picker"],
             "cpu_us_per_event": run["cpu_us_per_event"]["picker"],
             "cpu_us_per_request_unseen_responses": unstreamed["cpu_us_per_request"]["picker"],
+            "no_usage_cpu_us_per_request": streams["shipped_no_usage"]["cpu_us_per_request"]["picker"],
+            "no_usage_cpu_us_per_event": streams["shipped_no_usage"]["cpu_us_per_event"]["picker"],
             "itl_p50_ms": run["itl_p50_ms"],
             "itl_p99_ms": run["itl_p99_ms"],
             "direct_itl_p50_ms": streams["direct"]["itl_p50_ms"],
@@ -992,9 +994,12 @@ def markdown(result: dict[str, Any]) -> str:
     streamed = result.get("streamed")
     if streamed is not None:
         lines += [
-            f"| streamed ({STREAM_TOKENS} tokens, SSE): picker CPU per request; per event | "
+            f"| streamed ({STREAM_TOKENS} tokens, SSE, usage asked): picker CPU per request; per event | "
             f"{_cell(streamed['cpu_us_per_request'], ' µs')}; {_cell(streamed['cpu_us_per_event'], ' µs')} | "
             "per event ≤ 5 µs |",
+            "| streamed, usage not asked (the body turned off): picker CPU per request; per event | "
+            f"{_cell(streamed['no_usage_cpu_us_per_request'], ' µs')}; "
+            f"{_cell(streamed['no_usage_cpu_us_per_event'], ' µs')} | per event ≤ 5 µs |",
             f"| streamed: inter-token p50 / p99 through Envoy + picker; straight to a pod | "
             f"{streamed['itl_p50_ms']} / {streamed['itl_p99_ms']} ms; "
             f"{streamed['direct_itl_p50_ms']} / {streamed['direct_itl_p99_ms']} ms | |",
@@ -1144,7 +1149,8 @@ def main() -> int:
                     "cpu_us_per_request and max_requests_per_s under the closed loop, p50/p99 at `rate`, "
                     "added_* = picker - Envoy alone; streamed: the streamed workload in the shipped mode, "
                     "cpu_us_per_event = picker CPU per request / events per request (tokens + usage + "
-                    "[DONE]), cpu_us_per_request_unseen_responses the same workload in requests_only"
+                    "[DONE]), cpu_us_per_request_unseen_responses the same workload in requests_only, "
+                    "no_usage_* the workload without stream_options.include_usage (shipped_no_usage)"
                 ),
                 "setups": {s.name: s.what for s in SETUPS}
                 | {"two_processes": "shipped, two picker processes as two endpoints of the ext_proc cluster"},
