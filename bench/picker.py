@@ -78,10 +78,10 @@ SERVERS = ("native", "grpcio")
 JSON = {"content-type": "application/json"}
 # Through the picker: a model with targets, so every decision also rewrites the body. Envoy alone and
 # vllm-router cannot rewrite, so they get the base model under its own name.
-REWRITTEN = json.dumps({"model": "tweet-summary", "prompt": "Summarize: points.", "max_tokens": 1}).encode()
-PLAIN = json.dumps(
-    {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Summarize: points.", "max_tokens": 1}
-).encode()
+REWRITTEN_MODEL = "tweet-summary"
+PLAIN_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+REWRITTEN = json.dumps({"model": REWRITTEN_MODEL, "prompt": "Summarize: points.", "max_tokens": 1}).encode()
+PLAIN = json.dumps({"model": PLAIN_MODEL, "prompt": "Summarize: points.", "max_tokens": 1}).encode()
 COMPLETION = json.dumps(
     {
         "id": "cmpl-bench",
@@ -240,7 +240,8 @@ def front_bootstrap(
     pickers: Sequence[int],
     *,
     responses: bool,
-    body_mode: str = envoy.EnvoyOptions.request_body_mode,
+    body_mode: str | None = None,
+    response_body: bool = True,
     tracing: envoy.EnvoyTracing | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
@@ -252,6 +253,7 @@ def front_bootstrap(
         pickers=tuple(f"{HOST}:{p}" for p in pickers),
         response_processing=responses,
         request_body_mode=body_mode,
+        response_body=response_body,
         tracing=tracing,
     )
     doc = envoy.bootstrap(options)
@@ -284,8 +286,9 @@ def alone_bootstrap(pods: Sequence[int]) -> tuple[dict[str, Any], int]:
 class Pickers:
     """Redis and the collector over the backend pods; pickers started and stopped per server."""
 
-    def __init__(self, pods: Sequence[int], run_dir: Path) -> None:
+    def __init__(self, pods: Sequence[int], run_dir: Path, against: Path | None = None) -> None:
         self.run_dir = run_dir
+        self.against = against
         self.config = load_config(CONFIG, environ={})
         self.ports = replace(StackPorts.free(len(pods)), pods=tuple(pods))
         self.env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
@@ -306,10 +309,12 @@ class Pickers:
             raise
 
     def start_picker(
-        self, name: str, server: str, tracing: dict[str, Any] | None = None
+        self, name: str, label: str, tracing: dict[str, Any] | None = None
     ) -> tuple[ManagedProcess, int]:
-        """A picker with ``picker.server: server`` (and the ``tracing`` section) on fresh ports; returns
-        it and its ext_proc port."""
+        """A picker with ``picker.server`` from ``label`` (``native``, or ``native@before``: the picker
+        package of ``--against``'s tree) and the ``tracing`` section on fresh ports; returns it and its
+        ext_proc port."""
+        server, _, tree = label.partition("@")
         ext_proc, health, metrics = free_port(), free_port(), free_port()
         doc = derive_config(self.config, self.ports, self.redis.url, HOST)
         if tracing is not None:
@@ -322,12 +327,17 @@ class Pickers:
         )
         path = self.run_dir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-        process = self._spawn(name, [str(VENV_BIN / "pointsman-picker"), "--config", str(path)])
+        env = None
+        if tree:
+            assert self.against is not None
+            env = self.env | {"PYTHONPATH": str(self.against / "services" / "picker" / "src")}
+        process = self._spawn(name, [str(VENV_BIN / "pointsman-picker"), "--config", str(path)], env)
         wait_ready(process, grpc_serving(f"{HOST}:{health}"), timeout=30, what="gRPC health SERVING")
         return process, ext_proc
 
-    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = ManagedProcess(name, argv, env=self.env, log_path=self.run_dir / f"{name}.log")
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
+        log_path = self.run_dir / f"{name}.log"
+        process = ManagedProcess(name, argv, env=self.env if env is None else env, log_path=log_path)
         self.processes.append(process)
         return process
 
@@ -488,6 +498,121 @@ async def python_closed_loop(
     return {"requests": done + errors, "errors": errors, "per_s": round(done / wall), "client": "python"}
 
 
+class StreamConnection(asyncio.Protocol):
+    """One keep-alive connection receiving streamed (SSE, chunked) completions one at a time: when
+    each event arrived. Events that come in one read arrive together (their gap is 0)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._head = True
+        self._tail = b""
+        self._status = 0
+        self._left = -1  # body bytes still due of a response with a Content-Length
+        self._done: asyncio.Future[int] | None = None
+        self.arrivals: list[float] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._done is not None and not self._done.done():
+            self._done.set_result(0)
+
+    def send(self, request: bytes) -> asyncio.Future[int]:
+        """The status once the whole stream has arrived (0 if the connection broke)."""
+        assert self.transport is not None
+        self._done = asyncio.get_running_loop().create_future()
+        self._head, self._tail, self._status, self._left = True, b"", 0, -1
+        self.arrivals = []
+        self.transport.write(request)
+        return self._done
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if self._done is None or self._done.done():
+            return
+        if self._head:
+            data = self._tail + data
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                self._tail = data
+                return
+            status = _STATUS.match(data)
+            self._status = int(status[1]) if status else 0
+            length = _LENGTH.search(data[:end])
+            self._head, self._tail = False, b""
+            self._left = int(length[1]) if length else -1
+            data = data[end + 4 :]
+        if self._left >= 0:  # not a stream (an error, say): its Content-Length says when it ends
+            self._left -= len(data)
+            if self._left <= 0:
+                self._done.set_result(self._status or 1)
+            return
+        # An event is a "data: " line; a count per read is enough (an event split over two reads
+        # counts where its start arrived).
+        self.arrivals += [now] * data.count(b"data: ")
+        tail = (self._tail + data)[-7:]
+        self._tail = tail
+        if tail.endswith(b"0\r\n\r\n"):
+            self._done.set_result(self._status)
+
+
+def _gaps(arrivals: Sequence[float], sent: float) -> tuple[float, list[float]]:
+    """Time to the first event, and the gaps between the events after it."""
+    tokens = arrivals
+    return arrivals[0] - sent, [b - a for a, b in itertools.pairwise(tokens)]
+
+
+async def streamed_load(port: int, body: bytes, connections: int, seconds: float) -> dict[str, Any]:
+    """``connections`` clients, each sending streamed completions back to back for ``seconds``: how
+    many, their events, time to first event and inter-token gaps (p50 / p99)."""
+    loop = asyncio.get_running_loop()
+    request = http_request(port, body)
+    done = errors = events = 0
+    first: list[float] = []
+    gaps: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal done, errors, events
+        _, conn = await loop.create_connection(StreamConnection, HOST, port)
+        while time.perf_counter() < deadline and not conn.closed:
+            sent = time.perf_counter()
+            try:
+                async with asyncio.timeout(STREAM_TOKENS * STREAM_ITL_S * 20):  # a bench must not hang
+                    status = await conn.send(request)
+            except TimeoutError:
+                status = 0
+            if status != 200 or not conn.arrivals:
+                errors += 1
+                if status == 0 or errors > 1000:
+                    break
+                continue
+            done += 1
+            events += len(conn.arrivals)
+            ttft, between = _gaps(conn.arrivals, sent)
+            first.append(ttft)
+            gaps.extend(between)
+        if conn.transport is not None:
+            conn.transport.close()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(connections)))
+    wall = time.perf_counter() - began
+    return {
+        "requests": done + errors,
+        "errors": errors,
+        "per_s": round(done / wall, 1),
+        "events_per_request": round(events / max(1, done), 1),
+        "ttft_p50_ms": _ms(percentile(first, 0.5)) if first else None,
+        "ttft_p99_ms": _ms(percentile(first, 0.99)) if first else None,
+        "itl_p50_ms": _ms(percentile(gaps, 0.5)) if gaps else None,
+        "itl_p99_ms": _ms(percentile(gaps, 0.99)) if gaps else None,
+    }
+
+
 _WRK_SCRIPT = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = [==[%s]==]
@@ -559,6 +684,65 @@ class Load:
 
 
 # -- the runs -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    """One way Envoy shows requests (and responses) to the picker."""
+
+    name: str
+    what: str
+    responses: bool
+    body_mode: str | None = None  # None: the bootstrap's default with or without responses
+    response_body: bool = True
+
+    def bootstrap(self, pickers: Sequence[int]) -> tuple[dict[str, Any], int]:
+        return front_bootstrap(
+            pickers, responses=self.responses, body_mode=self.body_mode, response_body=self.response_body
+        )
+
+
+SHIPPED = Setup(
+    "shipped",
+    "request headers SEND + body BUFFERED, response headers SEND + body STREAMED, trailers SKIP, "
+    "allow_mode_override: what every shipped bootstrap (deploy/envoy, the standalone-envoy overlay, the "
+    "local stack) configures, and the Envoy Gateway policy without the override",
+    responses=True,
+)
+SETUPS = (
+    SHIPPED,
+    Setup(
+        "headers_only",
+        "as shipped, but response body NONE (EnvoyOptions(response_body=False)): the picker sees a "
+        "response's headers, and its end when Envoy closes the stream; no usage tokens, no response size",
+        responses=True,
+        response_body=False,
+    ),
+    Setup(
+        "requests_only",
+        "request headers SEND + body FULL_DUPLEX_STREAMED, no response processing (the stream ends once "
+        "routed)",
+        responses=False,
+    ),
+    Setup(
+        "buffered",
+        "request headers SEND + body BUFFERED, no response processing",
+        responses=False,
+        body_mode=envoy.BUFFERED,
+    ),
+)
+# The streamed workload: a chat UI's requests, every token an SSE event (and an ext_proc message when
+# the picker sees response bodies).
+STREAM_TOKENS = 200
+STREAM_ITL_S = 0.01
+
+
+def streamed_body(model: str, *, usage: bool = True) -> bytes:
+    doc: dict[str, Any] = {"model": model, "prompt": "Summarize: points.", "max_tokens": STREAM_TOKENS}
+    doc["stream"] = True
+    if usage:
+        doc["stream_options"] = {"include_usage": True}
+    return json.dumps(doc).encode()
+
+
 @dataclass
 class Bench:
     run_dir: Path
@@ -566,6 +750,7 @@ class Bench:
     rate: float
     seconds: float
     backend: ManagedProcess
+    stream_connections: int = 40
 
     def closed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
         self.load.closed_loop(port, body, 1.0)  # warm-up: connections, caches, the picker's first streams
@@ -581,6 +766,18 @@ class Bench:
         with meter.run() as usage:
             result: dict[str, Any] = aio.run(fixed_rate(port, body, self.rate, self.seconds))
         return result | usage.report(result["requests"]) | {"calibration_ms": calibration}
+
+    def streamed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
+        """The streamed workload for ``seconds`` (at least 4 streams' length), CPU per request and
+        per event."""
+        seconds = max(self.seconds, 4 * STREAM_TOKENS * STREAM_ITL_S)
+        calibration = calibration_ms()
+        with meter.run() as usage:
+            result: dict[str, Any] = aio.run(streamed_load(port, body, self.stream_connections, seconds))
+        report = usage.report(result["requests"])
+        events = max(1, result["events_per_request"] * result["requests"])
+        report["cpu_us_per_event"] = {n: round(s / events * 1e6, 2) for n, s in usage.seconds.items()}
+        return result | report | {"calibration_ms": calibration}
 
     def envoy_alone(self, pods: Sequence[int]) -> dict[str, Any]:
         doc, port = alone_bootstrap(pods)
@@ -599,36 +796,98 @@ class Bench:
         first, first_port = stack.start_picker(f"picker-{server}", server)
         second, second_port = stack.start_picker(f"picker-{server}-2", server)
         try:
-            setups = {
-                "requests_only": front_bootstrap([first_port], responses=False),
-                # Envoy waits for the header answer before it sends the body: two round trips.
-                "buffered": front_bootstrap([first_port], responses=False, body_mode="BUFFERED"),
-                "with_responses": front_bootstrap([first_port], responses=True),
-                "two_processes": front_bootstrap([first_port, second_port], responses=False),
-            }
             out: dict[str, Any] = {}
-            for name, (doc, port) in setups.items():
-                proxy = start_envoy(doc, f"envoy-{server}-{name}", self.run_dir)
+            for setup in SETUPS:
+                doc, port = setup.bootstrap([first_port])
+                proxy = start_envoy(doc, f"envoy-{server}-{setup.name}", self.run_dir)
                 try:
                     wait_completion(proxy, port, REWRITTEN)
-                    pids = {"picker": first.pid, "envoy": proxy.pid, "backend": self.backend.pid}
-                    if name == "two_processes":
-                        meter = Meter({**pids, "picker_2": second.pid})
-                        out[name] = {"closed_loop": self.closed(port, REWRITTEN, meter)}
-                        continue
                     # The second picker idles meanwhile: its CPU is what a picker spends without
                     # traffic (snapshots, config polls), to tell apart from the per-request cost.
+                    pids = {"picker": first.pid, "envoy": proxy.pid, "backend": self.backend.pid}
                     meter = Meter({**pids, "idle_picker": second.pid, "collector": stack.collector.pid})
-                    out[name] = {
+                    out[setup.name] = {
                         "closed_loop": self.closed(port, REWRITTEN, meter),
                         "fixed_rate": self.fixed(port, REWRITTEN, meter),
                     }
                 finally:
                     proxy.stop(5)
+            doc, port = SHIPPED.bootstrap([first_port, second_port])
+            proxy = start_envoy(doc, f"envoy-{server}-two", self.run_dir)
+            try:
+                wait_completion(proxy, port, REWRITTEN)
+                meter = Meter({"picker": first.pid, "picker_2": second.pid, "envoy": proxy.pid})
+                out["two_processes"] = {"closed_loop": self.closed(port, REWRITTEN, meter)}
+            finally:
+                proxy.stop(5)
             return out
         finally:
             stack.stop_picker(second)
             stack.stop_picker(first)
+
+    def streams(
+        self, stack: Pickers, pods: ManagedProcess, ports: Sequence[int], server: str
+    ) -> dict[str, Any]:
+        """The streamed workload straight to the pods, through Envoy alone, and through Envoy and a
+        picker in each setup."""
+        plain, rewritten = streamed_body(PLAIN_MODEL), streamed_body(REWRITTEN_MODEL)
+        out: dict[str, Any] = {}
+        # Straight to the pods: each connection to one of them, in turn.
+        direct = itertools.cycle(ports)
+        meter = Meter({"backend": pods.pid})
+        out["direct"] = self.streamed_direct(direct, plain, meter)
+        doc, port = alone_bootstrap(ports)
+        alone = start_envoy(doc, "envoy-alone-streams", self.run_dir)
+        try:
+            wait_completion(alone, port, PLAIN)
+            out["envoy_alone"] = self.streamed(port, plain, Meter({"envoy": alone.pid, "backend": pods.pid}))
+        finally:
+            alone.stop(5)
+        picker, picker_port = stack.start_picker(f"picker-{server}-streams", server)
+        try:
+            for setup in SETUPS[:3]:
+                doc, port = setup.bootstrap([picker_port])
+                proxy = start_envoy(doc, f"envoy-{server}-{setup.name}-streams", self.run_dir)
+                try:
+                    wait_completion(proxy, port, REWRITTEN)
+                    meter = Meter({"picker": picker.pid, "envoy": proxy.pid, "backend": pods.pid})
+                    out[setup.name] = self.streamed(port, rewritten, meter)
+                    if setup is SHIPPED:
+                        # Usage not asked for: the picker turns the body off at the response headers.
+                        no_usage = streamed_body(REWRITTEN_MODEL, usage=False)
+                        out["shipped_no_usage"] = self.streamed(port, no_usage, meter)
+                finally:
+                    proxy.stop(5)
+        finally:
+            stack.stop_picker(picker)
+        return out
+
+    def streamed_direct(self, ports: Iterator[int], body: bytes, meter: Meter) -> dict[str, Any]:
+        # One client per connection as through a proxy, but each to a pod of its own turn.
+        seconds = max(self.seconds, 4 * STREAM_TOKENS * STREAM_ITL_S)
+        per_pod: dict[int, int] = {}
+        for _ in range(self.stream_connections):
+            port = next(ports)
+            per_pod[port] = per_pod.get(port, 0) + 1
+
+        async def all_pods() -> list[dict[str, Any]]:
+            return await asyncio.gather(*(streamed_load(p, body, n, seconds) for p, n in per_pod.items()))
+
+        calibration = calibration_ms()
+        with meter.run() as usage:
+            parts = aio.run(all_pods())
+        # The pods' percentiles are pooled by weight of their requests: close enough for a reference.
+        requests = sum(p["requests"] for p in parts)
+        merged: dict[str, Any] = {
+            "requests": requests,
+            "errors": sum(p["errors"] for p in parts),
+            "per_s": round(sum(p["per_s"] for p in parts), 1),
+            "events_per_request": parts[0]["events_per_request"],
+        }
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
+            values = [p[key] for p in parts if p[key] is not None]
+            merged[key] = max(values) if key.endswith("p99_ms") else sorted(values)[len(values) // 2]
+        return merged | usage.report(requests) | {"calibration_ms": calibration}
 
     # -- tracing: the same picker with tracing off and on, side by side ----------------------------
     def tracing(self, stack: Pickers, server: str, rounds: int = 2) -> dict[str, Any]:
@@ -720,6 +979,14 @@ class Bench:
             router.stop(5)
 
 
+def start_sse_pods(ports: Sequence[int], run_dir: Path) -> ManagedProcess:
+    argv = [sys.executable, str(ROOT / "bench" / "sse_pod.py"), "--ports", ",".join(map(str, ports))]
+    argv += ["--metrics", str(METRICS_PAGE), "--itl", str(STREAM_ITL_S)]
+    pods = ManagedProcess("sse-pods", argv, env=dict(os.environ), log_path=run_dir / "sse-pods.log")
+    wait_completion(pods, ports[0], PLAIN)
+    return pods
+
+
 BUSY_CORES = 0.25
 
 
@@ -737,13 +1004,166 @@ def busy_runs(tree: dict[str, Any], path: str = "") -> list[str]:
     return found
 
 
+def headline(alone: dict[str, Any], head: dict[str, Any], streams: dict[str, Any] | None) -> dict[str, Any]:
+    """The top-level figures: the shipped mode's, against Envoy alone."""
+    shipped = head[SHIPPED.name]
+    fixed, base = shipped["fixed_rate"], alone["fixed_rate"]
+    out: dict[str, Any] = {
+        "cpu_us_per_request": shipped["closed_loop"]["cpu_us_per_request"]["picker"],
+        "max_requests_per_s": shipped["closed_loop"]["per_s"],
+        "envoy_p50_ms": base["p50_ms"],
+        "envoy_p99_ms": base["p99_ms"],
+        "picker_p50_ms": fixed["p50_ms"],
+        "picker_p99_ms": fixed["p99_ms"],
+        "added_p50_ms": round(fixed["p50_ms"] - base["p50_ms"], 3),
+        "added_p99_ms": round(fixed["p99_ms"] - base["p99_ms"], 3),
+    }
+    if streams is not None:
+        run = streams[SHIPPED.name]
+        unstreamed = streams["requests_only"]
+        out["streamed"] = {
+            "cpu_us_per_request": run["cpu_us_per_request"]["picker"],
+            "cpu_us_per_event": run["cpu_us_per_event"]["picker"],
+            "cpu_us_per_request_unseen_responses": unstreamed["cpu_us_per_request"]["picker"],
+            "no_usage_cpu_us_per_request": streams["shipped_no_usage"]["cpu_us_per_request"]["picker"],
+            "no_usage_cpu_us_per_event": streams["shipped_no_usage"]["cpu_us_per_event"]["picker"],
+            "itl_p50_ms": run["itl_p50_ms"],
+            "itl_p99_ms": run["itl_p99_ms"],
+            "direct_itl_p50_ms": streams["direct"]["itl_p50_ms"],
+            "direct_itl_p99_ms": streams["direct"]["itl_p99_ms"],
+        }
+    return out
+
+
+def _cell(value: Any, unit: str = "") -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value >= 100:
+        value = round(value)
+    text = f"{value:,}" if isinstance(value, int) else f"{value}"
+    return text + unit
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """bench/results/picker.md: the tables docs/picker.md points at, written by the run itself."""
+    detail = result["detail"]
+    alone = detail["envoy_alone"]
+    lines = [
+        "# `make bench-picker`: the latest run",
+        "",
+        f"Written by `bench/picker.py` ({result['bench_seconds']} s, {result['seconds_per_run']} s per run, "
+        f"{result['machine']['cpus']} CPUs, Python {result['machine']['python']}); every figure is in "
+        "`picker.json`. Headline: the shipped mode ("
+        + SHIPPED.what
+        + f"), `picker.server: {result['server']}`.",
+        "",
+        "| | this run | target |",
+        "|---|---|---|",
+        "| picker CPU per request (shipped mode, closed loop) | "
+        f"{_cell(result['cpu_us_per_request'], ' µs')} | |",
+        f"| at {result['rate']:g} req/s, p50 / p99: Envoy + picker; Envoy alone | "
+        f"{result['picker_p50_ms']} / {result['picker_p99_ms']} ms; "
+        f"{result['envoy_p50_ms']} / {result['envoy_p99_ms']} ms | |",
+        f"| added by the picker at {result['rate']:g} req/s, p50 / p99 | "
+        f"+{result['added_p50_ms']} / +{result['added_p99_ms']} ms | + ≤ 1 ms / + ≤ 2.5 ms |",
+    ]
+    streamed = result.get("streamed")
+    if streamed is not None:
+        lines += [
+            f"| streamed ({STREAM_TOKENS} tokens, SSE, usage asked): picker CPU per request; per event | "
+            f"{_cell(streamed['cpu_us_per_request'], ' µs')}; {_cell(streamed['cpu_us_per_event'], ' µs')} | "
+            "per event ≤ 5 µs |",
+            "| streamed, usage not asked (the body turned off): picker CPU per request; per event | "
+            f"{_cell(streamed['no_usage_cpu_us_per_request'], ' µs')}; "
+            f"{_cell(streamed['no_usage_cpu_us_per_event'], ' µs')} | per event ≤ 5 µs |",
+            f"| streamed: inter-token p50 / p99 through Envoy + picker; straight to a pod | "
+            f"{streamed['itl_p50_ms']} / {streamed['itl_p99_ms']} ms; "
+            f"{streamed['direct_itl_p50_ms']} / {streamed['direct_itl_p99_ms']} ms | |",
+        ]
+    lines += [
+        "| #423 tree over 512 pods, in-process (`decision_us_512_pods`) | "
+        f"{result['decision_us_512_pods']} µs | < 50 µs |",
+        "",
+        "One-token requests (picker CPU under the closed loop, wrk; latency from the open-loop client):",
+        "",
+        "| setup | closed loop | picker CPU per request | "
+        f"{result['rate']:g} req/s p50 / p99 | `calibration_ms` |",
+        "|---|---|---|---|---|",
+        f"| Envoy alone | {_cell(alone['closed_loop']['per_s'], ' req/s')} | "
+        f"(Envoy: {_cell(alone['closed_loop']['cpu_us_per_request']['envoy'], ' µs')}) | "
+        f"{alone['fixed_rate']['p50_ms']} / {alone['fixed_rate']['p99_ms']} ms | "
+        f"{alone['closed_loop']['calibration_ms']} |",
+    ]
+    for server, setups in detail["servers"].items():
+        for name, run in setups.items():
+            closed, fixed = run["closed_loop"], run.get("fixed_rate")
+            cpu = closed["cpu_us_per_request"]
+            picker_cpu = _cell(cpu["picker"], " µs")
+            if "picker_2" in cpu:
+                picker_cpu += " + " + _cell(cpu["picker_2"], " µs")
+            latency = f"{fixed['p50_ms']} / {fixed['p99_ms']} ms" if fixed else ""
+            lines.append(
+                f"| {server}, {name} | {_cell(closed['per_s'], ' req/s')} | {picker_cpu} | {latency} | "
+                f"{closed['calibration_ms']} |"
+            )
+    for policy, run in detail["vllm_router"].items():
+        if run is None:
+            continue
+        closed = run.get("closed_loop")
+        fixed = run["fixed_rate"]
+        lines.append(
+            f"| vllm-router, {policy} | {_cell(closed['per_s'], ' req/s') if closed else ''} | "
+            f"{'(router: ' + _cell(closed['cpu_us_per_request']['router'], ' µs') + ')' if closed else ''} | "
+            f"{fixed['p50_ms']} / {fixed['p99_ms']} ms | {closed['calibration_ms'] if closed else ''} |"
+        )
+    streams = detail.get("streams")
+    if streams:
+        lines += [
+            "",
+            f"Streamed completions ({detail['what']['streamed']}):",
+            "",
+            "| setup | req/s | picker CPU per request; per event | TTFT p50 / p99 | "
+            "inter-token p50 / p99 | `calibration_ms` |",
+            "|---|---|---|---|---|---|",
+        ]
+        for server, setups in streams.items():
+            for name, run in setups.items():
+                cpu = run["cpu_us_per_request"].get("picker")
+                per_event = run.get("cpu_us_per_event", {}).get("picker")
+                picker_cpu = f"{_cell(cpu, ' µs')}; {_cell(per_event, ' µs')}" if cpu is not None else ""
+                lines.append(
+                    f"| {server}, {name} | {run['per_s']} | {picker_cpu} | "
+                    f"{run['ttft_p50_ms']} / {run['ttft_p99_ms']} ms | "
+                    f"{run['itl_p50_ms']} / {run['itl_p99_ms']} ms | {run['calibration_ms']} |"
+                )
+    lines += ["", "Setups:", ""]
+    lines += [f"- `{s.name}`: {s.what}" for s in SETUPS]
+    lines += ["- `two_processes`: shipped, two picker processes as two endpoints of the ext_proc cluster"]
+    busy = detail["busy_runs"]
+    lines += [
+        "",
+        "Runs the rest of the machine disturbed (more than "
+        f"{BUSY_CORES} core): {', '.join(busy) if busy else 'none'}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=float, default=500.0, help="req/s of the latency runs")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each measured run")
     parser.add_argument("--connections", type=int, default=16, help="wrk's connections")
+    parser.add_argument("--stream-connections", type=int, default=40, help="concurrent streamed completions")
     parser.add_argument("--pods", type=int, default=3, help="backend pods (listeners)")
     parser.add_argument("--servers", default=",".join(SERVERS), help="picker.server values to run")
+    parser.add_argument("--no-streams", action="store_true", help="skip the streamed workload")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout (the code before a change): its picker package runs beside this tree's, "
+        "as SERVER@before, in the same run",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument(
         "--only-tracing",
@@ -757,6 +1177,9 @@ def main() -> int:
         parser.error(f"--servers: choose from {', '.join(SERVERS)}")
     default_server = PickerConfig().server
     headline_server = default_server if default_server in servers else servers[0]
+    if args.against is not None:
+        # Each before beside its after, so both see the machine alike.
+        servers = [label for server in servers for label in (server, f"{server}@before")]
 
     began = time.perf_counter()
     schedule = bench_schedule()
@@ -765,13 +1188,14 @@ def main() -> int:
     pods = [free_port() for _ in range(args.pods)]
     backend = start_envoy(backend_bootstrap(pods, free_port()), "backend", run_dir)
     load = Load(run_dir, args.connections)
-    bench = Bench(run_dir, load, args.rate, args.seconds, backend)
+    bench = Bench(run_dir, load, args.rate, args.seconds, backend, args.stream_connections)
     by_server: dict[str, Any] = {}
+    streams: dict[str, Any] = {}
     if args.only_tracing:
         return only_tracing(bench, pods, backend, run_dir, headline_server, args.output)
     try:
         alone = bench.envoy_alone(pods)
-        stack = Pickers(pods, run_dir)
+        stack = Pickers(pods, run_dir, args.against)
         try:
             for server in servers:
                 by_server[server] = bench.pickers(stack, server)
@@ -781,32 +1205,39 @@ def main() -> int:
         routers = {policy: bench.vllm_router(pods, policy) for policy in ("round_robin", "cache_aware")}
     finally:
         backend.stop(5)
+    if not args.no_streams:
+        sse_ports = [free_port() for _ in range(args.pods)]
+        sse_pods = start_sse_pods(sse_ports, run_dir)
+        try:
+            stack = Pickers(sse_ports, run_dir, args.against)
+            try:
+                for server in servers:
+                    streams[server] = bench.streams(stack, sse_pods, sse_ports, server)
+            finally:
+                stack.stop()
+        finally:
+            sse_pods.stop(5)
 
-    head = by_server[headline_server]
-    router = routers["round_robin"]
-    router_fixed = router["fixed_rate"] if router else {}
     result: dict[str, Any] = {
         "percentile_rule": PERCENTILE_RULE,
-        "cpu_us_per_decision": head["requests_only"]["closed_loop"]["cpu_us_per_request"]["picker"],
-        "max_decisions_per_s": head["requests_only"]["closed_loop"]["per_s"],
+        "mode": SHIPPED.name,
+        **headline(alone, by_server[headline_server], streams.get(headline_server)),
         "rate": args.rate,
-        "envoy_p50_ms": alone["fixed_rate"]["p50_ms"],
-        "envoy_p99_ms": alone["fixed_rate"]["p99_ms"],
-        "picker_p50_ms": head["requests_only"]["fixed_rate"]["p50_ms"],
-        "picker_p99_ms": head["requests_only"]["fixed_rate"]["p99_ms"],
         "decision_us_512_pods": round(schedule["schedule_critical_512_pods_us"], 1),
-        "two_process_max_decisions_per_s": head["two_processes"]["closed_loop"]["per_s"],
-        "vllm_router_p50_ms": router_fixed.get("p50_ms"),
-        "vllm_router_p99_ms": router_fixed.get("p99_ms"),
+        "two_process_max_requests_per_s": by_server[headline_server]["two_processes"]["closed_loop"]["per_s"],
         "server": headline_server,
         "detail": {
             "what": {
                 "top_level": (
-                    f"picker.server={headline_server}; Envoy sending the picker requests only (headers "
-                    "SEND + body FULL_DUPLEX_STREAMED, the local stack's request side; headers SEND + "
-                    "body BUFFERED, the issue's shape, is servers.*.buffered); cpu_us_per_decision and "
-                    "max_decisions_per_s under the closed loop, p50/p99 at `rate`"
+                    f"picker.server={headline_server}, Envoy in the shipped mode ({SHIPPED.what}); "
+                    "cpu_us_per_request and max_requests_per_s under the closed loop, p50/p99 at `rate`, "
+                    "added_* = picker - Envoy alone; streamed: the streamed workload in the shipped mode, "
+                    "cpu_us_per_event = picker CPU per request / events per request (tokens + usage + "
+                    "[DONE]), cpu_us_per_request_unseen_responses the same workload in requests_only, "
+                    "no_usage_* the workload without stream_options.include_usage (shipped_no_usage)"
                 ),
+                "setups": {s.name: s.what for s in SETUPS}
+                | {"two_processes": "shipped, two picker processes as two endpoints of the ext_proc cluster"},
                 "cpu_us_per_request": (
                     "each process's user + system CPU over the run / the run's requests; bench is this "
                     "script (the open-loop client), idle_picker a second picker without traffic"
@@ -821,13 +1252,22 @@ def main() -> int:
                     f"wrk -t1 -c{args.connections}" if load.wrk else "Python client: wrk is not installed"
                 ),
                 "fixed_rate": "open-loop Python client, latency from each request's send",
+                "streamed": (
+                    f"{args.stream_connections} connections each sending completions of {STREAM_TOKENS} "
+                    f'tokens back to back, "stream": true with usage, a token every {STREAM_ITL_S * 1000:g} '
+                    "ms from the pods (bench/sse_pod.py, a process of its own), per server and setup; "
+                    "direct = straight to the pods; inter-token = gaps between token events at the client"
+                ),
                 "percentiles": f"{PERCENTILE_RULE_TEXT} wrk's from every latency it recorded (1 µs steps).",
                 "backend": f"{args.pods} pods: one Envoy, direct responses, /metrics = {METRICS_PAGE.name}",
                 "picker_body": REWRITTEN.decode(),
             },
             "envoy_alone": alone,
             "servers": by_server,
-            "busy_runs": busy_runs({"envoy_alone": alone, "servers": by_server, "vllm_router": routers}),
+            "streams": streams,
+            "busy_runs": busy_runs(
+                {"envoy_alone": alone, "servers": by_server, "vllm_router": routers, "streams": streams}
+            ),
             "vllm_router": routers,
             "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
             "director_route_us": {k: round(v, 1) for k, v in director.items()},
@@ -843,7 +1283,8 @@ def main() -> int:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    args.output.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    print(json.dumps({k: v for k, v in result.items() if k != "detail"}, indent=2))
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 

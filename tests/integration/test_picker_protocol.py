@@ -4,6 +4,7 @@ picker every response) and FULL_DUPLEX_STREAMED request bodies (a second Envoy, 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,21 +65,42 @@ def test_usage_of_json_and_sse_responses_is_counted(gateway: httpx.Client, stack
     )
 
 
-@pytest.fixture(scope="module")
-def full_duplex_gateway(stack: Stack) -> Iterator[httpx.Client]:
-    """A second Envoy in front of the same picker, sending request bodies FULL_DUPLEX_STREAMED."""
-    run_dir: Path = stack.run_dir / "envoy-full-duplex"
+def test_a_stream_without_usage_is_not_shown_to_the_picker(
+    gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    before = picker_samples(stack)
+    request = completion("sql-lora", max_tokens=8, stream=True)
+    with gateway.stream("POST", "/v1/completions", json=request) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 9  # every token and [DONE] reached the client
+
+    def delta(name: str) -> float:
+        return sample(picker_samples(stack), name) - sample(before, name)
+
+    # The picker turned the body off at the response headers (mode_override): the exchange ends when
+    # Envoy closes the stream, just after the client has the last byte.
+    deadline = time.monotonic() + 10
+    while delta("inference_model_request_duration_seconds_count") < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert delta("inference_model_request_duration_seconds_count") == 1
+    assert delta("inference_model_response_sizes_count") == 0
+
+
+def second_gateway(stack: Stack, name: str, **options: object) -> Iterator[httpx.Client]:
+    """Another Envoy in front of the same picker, with ``options`` (EnvoyOptions fields) changed."""
+    run_dir: Path = stack.run_dir / name
     run_dir.mkdir(exist_ok=True)
     gateway, admin = join_host_port(LOOPBACK, free_port()), join_host_port(LOOPBACK, free_port())
-    options = envoy.EnvoyOptions(
+    envoy_options = envoy.EnvoyOptions(
         gateway_listen=gateway,
         admin_listen=admin,
         pickers=(join_host_port(LOOPBACK, stack.ports.picker),),
-        request_body_mode="FULL_DUPLEX_STREAMED",
+        **options,  # type: ignore[arg-type]
     )
-    path = envoy.write_bootstrap(options, run_dir / "envoy.yaml")
+    path = envoy.write_bootstrap(envoy_options, run_dir / "envoy.yaml")
     argv = [envoy.find_envoy(), "-c", str(path), "--disable-hot-restart", "--concurrency", "1"]
-    process = ManagedProcess("envoy-full-duplex", argv, env={}, log_path=run_dir / "envoy.log")
+    process = ManagedProcess(name, argv, env={}, log_path=run_dir / "envoy.log")
     try:
         with httpx.Client(timeout=1.0) as probe:
             wait_ready(process, http_ok(probe, f"http://{admin}/ready"), timeout=30, what="admin /ready")
@@ -86,6 +108,50 @@ def full_duplex_gateway(stack: Stack) -> Iterator[httpx.Client]:
             yield client
     finally:
         process.stop(5.0)
+
+
+@pytest.fixture(scope="module")
+def full_duplex_gateway(stack: Stack) -> Iterator[httpx.Client]:
+    """A second Envoy in front of the same picker, sending request bodies FULL_DUPLEX_STREAMED."""
+    yield from second_gateway(stack, "envoy-full-duplex", request_body_mode="FULL_DUPLEX_STREAMED")
+
+
+@pytest.fixture(scope="module")
+def headers_only_gateway(stack: Stack) -> Iterator[httpx.Client]:
+    """A second Envoy showing the picker response headers but not response bodies."""
+    yield from second_gateway(stack, "envoy-headers-only", response_body=False)
+
+
+def test_without_response_bodies_each_exchange_still_completes_once(
+    headers_only_gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    before = picker_samples(stack)
+    plain = headers_only_gateway.post("/v1/completions", json=completion("sql-lora", max_tokens=5))
+    assert plain.status_code == 200, plain.text
+    request = completion("sql-lora", max_tokens=8, stream=True, stream_options={"include_usage": True})
+    with headers_only_gateway.stream("POST", "/v1/completions", json=request) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 8
+
+    def delta(name: str) -> float:
+        return sample(picker_samples(stack), name) - sample(before, name)
+
+    # Envoy holds each picker stream until its response is over, and closes it just after the client
+    # has the last byte: that end is counted, once each.
+    deadline = time.monotonic() + 10
+    while delta("inference_model_request_duration_seconds_count") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert delta("inference_model_request_duration_seconds_count") == 2
+    assert delta("inference_model_request_sizes_count") == 2
+    # What only the body tells is not made up.
+    assert delta("inference_model_response_sizes_count") == 0
+    assert delta("inference_model_output_tokens_count") == 0
+    running = picker_samples(stack).get(
+        ("inference_objective_running_requests", (("model_name", "sql-lora"),))
+    )
+    assert running == 0.0
 
 
 def chunked(data: bytes, size: int) -> Iterator[bytes]:

@@ -178,6 +178,14 @@ def test_upstreams_names_leave_out_zero_tokens_and_a_duration_that_is_not_positi
     assert value("inference_objective_request_sizes_count", LABELS) == 1
 
 
+def test_a_response_whose_body_was_not_shown_has_no_size(metrics: PickerMetrics, value: Scrape) -> None:
+    metrics.completed(Completion("m", "t", 0, 200, 1.5, 100, None, None))
+    assert value("inference_objective_request_duration_seconds_count", LABELS) == 1
+    assert value("inference_objective_request_sizes_count", LABELS) == 1
+    for name in ("inference_model_response_sizes_count", "inference_objective_response_sizes_count"):
+        assert value(name, LABELS) == 0
+
+
 @pytest.mark.parametrize("name", sorted(UPSTREAM_BUCKETS))
 def test_upstreams_histograms_have_upstreams_buckets(
     metrics: PickerMetrics, registry: CollectorRegistry, name: str

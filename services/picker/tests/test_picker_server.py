@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -195,6 +196,34 @@ async def test_response_phase_messages_get_empty_replies(picker):
         "response_body",
     ]
     assert answers[2] == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+async def test_a_streamed_response_gets_an_empty_reply_per_chunk_and_its_usage_counted(picker):
+    picker.use(pod())
+    events = [b'data: {"choices":[{"text":"a"}]}\n\n'] * 3 + [
+        b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    event_stream = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+            base_pb2.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
+        ]
+    )
+    answers = await picker.exchange(
+        post_headers(),
+        body(completion("my-model")),
+        pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=event_stream)),
+        *(pb.ProcessingRequest(response_body=pb.HttpBody(body=event)) for event in events),
+        pb.ProcessingRequest(response_body=pb.HttpBody(end_of_stream=True)),
+    )
+    assert answers[3:] == [pb.ProcessingResponse(response_body=pb.BodyResponse())] * (len(events) + 1)
+    await eventually(lambda: picker.app.service.open_streams == 0)
+    url = f"http://127.0.0.1:{picker.app.metrics_port}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    labels = '{model_name="my-model",target_model_name="my-model-12345"}'
+    assert f"inference_objective_output_tokens_sum{labels} 3.0" in text
+    assert f"inference_objective_response_sizes_sum{labels} {float(sum(map(len, events)))}" in text
 
 
 async def test_the_request_id_is_on_the_streams_log_lines(picker, caplog):

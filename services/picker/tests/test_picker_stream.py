@@ -271,6 +271,9 @@ SSE = (
 )
 
 
+ASKS_FOR_USAGE = b'{"stream":true,"stream_options":{"include_usage":true}}'
+
+
 @pytest.mark.parametrize(
     ("content_type", "chunks", "usage"),
     [
@@ -285,7 +288,7 @@ def test_the_response_is_counted_and_passed_through_untouched(content_type, chun
     router = FakeRouter()
     stream = router.stream(ROOMY)
     stream.handle(with_modes(post_headers(), response=mode))
-    stream.handle(body(b"{}"))
+    stream.handle(body(ASKS_FOR_USAGE))
     [answer] = stream.handle(response_headers((":status", "200"), ("content-type", content_type)))
     assert answer == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
     for i, chunk in enumerate(chunks):
@@ -295,7 +298,7 @@ def test_the_response_is_counted_and_passed_through_untouched(content_type, chun
         else:
             assert answer == pb.ProcessingResponse(response_body=pb.BodyResponse())
     size = sum(len(c) for c in chunks)
-    assert router.done == [Completion("m", "m", 0, 200, 0.5, 2, size, usage)]
+    assert router.done == [Completion("m", "m", 0, 200, 0.5, len(ASKS_FOR_USAGE), size, usage)]
     assert stream.phase is Phase.DONE
 
 
@@ -307,6 +310,70 @@ def test_a_header_only_response_completes():
     stream.handle(response_headers((":status", "503"), end_of_stream=True))
     [done] = router.done
     assert (done.status, done.response_bytes, done.usage) == (503, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # Response headers shown, body not: Envoy holds the stream to the response's end, which is then
+        # the exchange's end (no size, no usage).
+        (MODE.NONE, [Completion("m", "m", 0, 200, 0.5, 2, None, None)]),
+        # The body shown but cut before its end: not a completed exchange.
+        (MODE.STREAMED, []),
+    ],
+)
+def test_a_response_whose_body_is_not_shown_completes_when_the_stream_ends(mode, expected):
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(with_modes(post_headers(), response=mode))
+    stream.handle(body(b"{}"))
+    stream.handle(response_headers((":status", "200"), ("content-type", "application/json")))
+    assert router.done == []
+    stream.closed()
+    assert router.done == expected
+
+
+@pytest.mark.parametrize(
+    ("request_body", "content_type", "declined"),
+    [
+        (b'{"stream":true}', "text/event-stream", True),  # no usage will come: nothing to count
+        (ASKS_FOR_USAGE, "text/event-stream", False),
+        (b'{"stream":false}', "application/json", False),  # JSON always carries usage
+    ],
+)
+def test_the_body_of_a_stream_without_usage_is_declined(request_body, content_type, declined):
+    router = FakeRouter()
+    stream = router.stream(ROOMY)
+    stream.handle(with_modes(post_headers(), response=MODE.STREAMED))
+    stream.handle(body(request_body))
+    [answer] = stream.handle(response_headers((":status", "200"), ("content-type", content_type)))
+    assert answer.HasField("mode_override") is declined
+    if declined:
+        assert answer.mode_override.response_body_mode == MODE.NONE
+        stream.closed()  # Envoy honoured it: the stream's end is the response's
+        assert router.done == [Completion("m", "m", 0, 200, 0.5, len(request_body), None, None)]
+
+
+def test_a_declined_body_that_comes_anyway_is_counted_as_ever():
+    # Without allow_mode_override Envoy ignores the override and shows every chunk.
+    router = FakeRouter()
+    stream = router.stream(ROOMY)
+    stream.handle(with_modes(post_headers(), response=MODE.STREAMED))
+    stream.handle(body(b'{"stream":true}'))
+    stream.handle(response_headers((":status", "200"), ("content-type", "text/event-stream")))
+    [answer] = stream.handle(response_body(b"data: [DONE]\n\n", end_of_stream=True))
+    assert answer == pb.ProcessingResponse(response_body=pb.BodyResponse())
+    stream.closed()
+    assert router.done == [Completion("m", "m", 0, 200, 0.5, 15, 14, None)]
+
+
+def test_a_stream_closed_before_its_response_completes_nothing():
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(with_modes(post_headers(), response=MODE.NONE))
+    stream.handle(body(b"{}"))
+    stream.closed()
+    assert router.done == []
 
 
 def test_request_id_from_the_headers_is_on_every_log_line(caplog):

@@ -40,3 +40,21 @@ def test_sse_usage_whatever_the_chunking(split):
 )
 def test_usage_cases(data, event_stream, max_bytes, expected):
     assert scan(data, event_stream=event_stream, split=4, max_bytes=max_bytes) == expected
+
+
+def test_sse_stops_scanning_once_usage_is_found():
+    scanner = UsageScanner(event_stream=True, max_bytes=1000)
+    scanner.feed(STREAM)
+    assert scanner.usage == Usage(12, 4)
+    # vLLM sends usage once, last: what follows is not searched (a later one would not count).
+    scanner.feed(b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n')
+    assert scanner.finish() == Usage(12, 4)
+
+
+def test_sse_keeps_a_line_cut_between_chunks():
+    scanner = UsageScanner(event_stream=True, max_bytes=1000)
+    line = b'data: {"usage":{"prompt_tokens":2,"completion_tokens":3}}\n\n'
+    scanner.feed(line[:20])
+    assert scanner.usage is None
+    scanner.feed(line[20:])
+    assert scanner.usage == Usage(2, 3)

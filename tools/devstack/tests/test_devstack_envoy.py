@@ -99,6 +99,7 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     ("overrides", "expected"),
     [
         ({"response_processing": False}, {"response_header_mode": "SKIP", "response_body_mode": "NONE"}),
+        ({"response_body": False}, {"response_header_mode": "SEND", "response_body_mode": "NONE"}),
         (
             {"request_body_mode": "FULL_DUPLEX_STREAMED"},
             {"request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"},

@@ -257,9 +257,10 @@ class PickerMetrics:
                 child.inc()
         series.duration.observe(done.duration)
         series.request_sizes.observe(done.request_bytes)
-        series.response_sizes.observe(done.response_bytes)
         series.objective_request_sizes.observe(done.request_bytes)
-        series.objective_response_sizes.observe(done.response_bytes)
+        if done.response_bytes is not None:
+            series.response_sizes.observe(done.response_bytes)
+            series.objective_response_sizes.observe(done.response_bytes)
         if done.duration > 0:
             series.objective_duration.observe(done.duration)
         usage = done.usage

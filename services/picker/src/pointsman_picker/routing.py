@@ -39,5 +39,5 @@ class Completion:
     status: int
     duration: float
     request_bytes: int
-    response_bytes: int
+    response_bytes: int | None  # None: Envoy showed the picker no response body
     usage: Usage | None

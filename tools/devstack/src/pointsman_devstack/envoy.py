@@ -135,6 +135,15 @@ class EnvoyOptions:
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
     response_processing: bool = True
+    # With response_processing, False shows the picker the response headers only: no ext_proc message
+    # per chunk of a streamed response, and no usage tokens or response sizes. Envoy still holds the
+    # stream until the response is over, so durations and in-flight counts are the same
+    # (docs/envoy.md, "Response side").
+    response_body: bool = True
+    # Let the picker's answer to a response's headers turn its body off (mode_override): it does so
+    # for an event stream whose request did not ask for usage, so those tokens cost it nothing; the
+    # rest is shown as ever (docs/envoy.md, "Response side").
+    allow_mode_override: bool = True
     # None: no tracing (the config's tracing.enabled false).
     tracing: EnvoyTracing | None = None
 
@@ -384,6 +393,7 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             # the picker must set it to the length of the body it returns (Envoy answers 500 on a
             # mismatch).
             "processing_mode": _processing_mode(options),
+            "allow_mode_override": options.allow_mode_override,
             # Envoy drops dynamic metadata from the processor unless its namespace is listed here.
             "metadata_options": {"receiving_namespaces": {"untyped": [options.metadata_namespace]}},
         },
@@ -398,7 +408,7 @@ def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
         "request_body_mode": options.body_mode,
         # STREAMED, not FULL_DUPLEX_STREAMED: every chunk goes to the client as soon as the picker
         # answers it with an empty reply, and the picker never holds response bytes.
-        "response_body_mode": "STREAMED" if options.response_processing else "NONE",
+        "response_body_mode": "STREAMED" if options.response_processing and options.response_body else "NONE",
         # In FULL_DUPLEX_STREAMED mode trailers can end the body, so the picker must see them.
         "request_trailer_mode": "SEND" if full_duplex else "SKIP",
         "response_trailer_mode": "SKIP",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
@@ -34,9 +35,7 @@ def with_destination_metadata(
 
 def request_headers_continue() -> pb.ProcessingResponse:
     """The answer to request headers that a body will follow."""
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=pb.CommonResponse(clear_route_cache=True))
-    )
+    return REQUEST_HEADERS_CONTINUE
 
 
 def request_headers_routed(
@@ -131,7 +130,7 @@ def request_trailers_continue() -> pb.ProcessingResponse:
 
 
 def response_headers_continue() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    return RESPONSE_HEADERS_CONTINUE
 
 
 def response_headers_with(name: str, value: str) -> pb.ProcessingResponse:
@@ -143,8 +142,39 @@ def response_headers_with(name: str, value: str) -> pb.ProcessingResponse:
     )
 
 
+# Answers that never change, built once: a streamed response sends one of these per chunk (per
+# token). Shared, so never mutated; SERIALIZED holds each one's wire bytes for the native server.
+RESPONSE_BODY_CONTINUE = pb.ProcessingResponse(response_body=pb.BodyResponse())
+RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(
+    request_headers=pb.HeadersResponse(response=pb.CommonResponse(clear_route_cache=True))
+)
+# The response headers answer that asks Envoy for no more of the response (with allow_mode_override;
+# ignored without it): an event stream whose usage nobody asked for has nothing left to count.
+_NO_RESPONSE_BODY = processing_mode_pb2.ProcessingMode(
+    response_body_mode=processing_mode_pb2.ProcessingMode.NONE
+)
+RESPONSE_HEADERS_NO_BODY = pb.ProcessingResponse(
+    response_headers=pb.HeadersResponse(), mode_override=_NO_RESPONSE_BODY
+)
+SERIALIZED: dict[int, bytes] = {
+    id(answer): answer.SerializeToString()
+    for answer in (
+        RESPONSE_BODY_CONTINUE,
+        RESPONSE_HEADERS_CONTINUE,
+        RESPONSE_HEADERS_NO_BODY,
+        REQUEST_HEADERS_CONTINUE,
+    )
+}
+
+
+def serialized(response: pb.ProcessingResponse) -> bytes:
+    """``response`` on the wire (a constant's bytes from :data:`SERIALIZED`, without serializing)."""
+    return SERIALIZED.get(id(response)) or response.SerializeToString()
+
+
 def response_body_continue() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+    return RESPONSE_BODY_CONTINUE
 
 
 def response_body_echo(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:

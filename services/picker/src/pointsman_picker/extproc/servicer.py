@@ -14,6 +14,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 
+from pointsman_picker.extproc.response_chunk import response_body
+from pointsman_picker.extproc.responses import serialized
 from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
@@ -83,6 +85,7 @@ class ExtProcService:
         """``stream`` ended: ``cut_short`` when by a cancel or a reset, else by Envoy's half-close."""
         self.open_streams -= 1
         stream.abandon()
+        stream.closed()
         if stream.routing is not None:
             self._on_finish(stream.routing)
         if self._cut_after is not None and self._clock() >= self._cut_after:
@@ -132,6 +135,14 @@ class _ProcessCall:
         self._done = False
 
     def message(self, payload: bytes) -> None:
+        # A streamed response's chunks (one per token) skip the protobuf decode and are answered with
+        # bytes serialized once.
+        chunk = response_body(payload)
+        if chunk is not None:
+            answer = self._stream.response_chunk(*chunk)
+            if answer is not None:
+                self._server_stream.send(serialized(answer))
+            return
         try:
             request = pb.ProcessingRequest.FromString(payload)
         except DecodeError:
@@ -140,7 +151,7 @@ class _ProcessCall:
             return
         send = self._server_stream.send
         for response in self._stream.handle(request):
-            send(response.SerializeToString())
+            send(serialized(response))
 
     def _send_later(self, answers: list[pb.ProcessingResponse]) -> None:
         if not self._done:

@@ -24,7 +24,9 @@ A request that flow control holds gets no answer yet: the stream asks Envoy to w
 answers. A stream closed while QUEUED cancels its place in the queue (:meth:`RequestStream.abandon`).
 
 When Envoy also sends the response, it is counted (status, sizes, duration, usage tokens) and passed
-through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends.
+through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends: at the body's
+end, or, when Envoy shows the response headers but not the body, when the stream ends (Envoy holds it
+open until the response is over).
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class RequestStream:
         self._status = 0
         self._response_bytes = 0
         self._usage: UsageScanner | None = None
+        self._body_declined = False  # the response headers answer asked Envoy for no body
         self._explain = False
         self._headers: Mapping[str, str] = NO_HEADERS
 
@@ -183,6 +186,9 @@ class RequestStream:
         if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED or self.phase is Phase.QUEUED:
             return []
         kind = message.WhichOneof("request")
+        if kind == "response_body":  # first: a streamed response sends one per token
+            body = message.response_body
+            return [self._on_response_chunk(body.body, body.end_of_stream)]
         if kind == "request_headers":
             return self._on_headers(message.request_headers)
         if kind == "request_body":
@@ -191,12 +197,17 @@ class RequestStream:
             return self._on_trailers()
         if kind == "response_headers":
             return self._on_response_headers(message.response_headers)
-        if kind == "response_body":
-            return self._on_response_body(message.response_body)
         if kind == "response_trailers":
             self._complete()
             return [responses.response_trailers_continue()]
         return []
+
+    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse | None:
+        """The answer to one response body chunk, as :meth:`handle` gives it (None: no answer); the
+        native server calls it with a chunk read straight off the wire (``response_chunk.py``)."""
+        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
+            return None
+        return self._on_response_chunk(chunk, end_of_stream)
 
     def _on_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.HEADERS:
@@ -374,20 +385,40 @@ class RequestStream:
         routing = self.routing
         if self._explain and routing is not None and self._settings.explain_header:
             return [responses.response_headers_with(self._settings.explain_header, routing.explain)]
+        if (
+            self._usage.event_stream
+            and self._response_body_mode == _MODE.STREAMED
+            and not headers.end_of_stream
+            and not _asks_for_usage(routing)
+        ):
+            # No usage will come: ask Envoy (allow_mode_override) to show no more of this response, so
+            # its tokens cost no round trip each. Whether Envoy does is not told: if chunks come, they
+            # are counted as ever; if not, the stream's end is the response's (closed()).
+            self._body_declined = True
+            return [responses.RESPONSE_HEADERS_NO_BODY]
         return [responses.response_headers_continue()]
 
-    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        chunk = body.body
+    def _on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
         self._response_bytes += len(chunk)
-        if self._usage is not None:
-            self._usage.feed(chunk)
-        if body.end_of_stream:
+        usage = self._usage
+        if usage is not None:
+            usage.feed(chunk)
+        if end_of_stream:
             self._complete()
         if self._response_body_mode == _MODE.FULL_DUPLEX_STREAMED:
-            return [responses.response_body_echo(chunk, body.end_of_stream)]
-        return [responses.response_body_continue()]
+            return responses.response_body_echo(chunk, end_of_stream)
+        return responses.RESPONSE_BODY_CONTINUE
 
-    def _complete(self) -> None:
+    def closed(self) -> None:
+        """The stream ended. With response headers shown and the body not (response body mode NONE),
+        Envoy keeps the stream open until the response is over: that is its end."""
+        not_shown = self._response_body_mode == _MODE.NONE or (
+            self._body_declined and not self._response_bytes
+        )
+        if self._status and not_shown:
+            self._complete(body_shown=False)
+
+    def _complete(self, *, body_shown: bool = True) -> None:
         """Report the finished exchange once (the response ended: body, trailers or header-only)."""
         routing = self.routing
         if self.phase is not Phase.ROUTED or routing is None:
@@ -405,7 +436,7 @@ class RequestStream:
                 status=self._status,
                 duration=duration,
                 request_bytes=len(routing.body) if routing.body is not None else 0,
-                response_bytes=self._response_bytes,
+                response_bytes=self._response_bytes if body_shown else None,
                 usage=usage,
             )
         )
@@ -422,6 +453,12 @@ class RequestStream:
         )
         self._on_error(error)
         return [responses.error_response(error, self._settings.explain_header if self._explain else None)]
+
+
+def _asks_for_usage(routing: Routing | None) -> bool:
+    """Whether the request may have asked for usage in its stream (``stream_options.include_usage``):
+    a substring test, so a mention anywhere counts (then the body is shown as ever)."""
+    return routing is None or routing.body is None or b"include_usage" in routing.body
 
 
 def _is_models_list(headers: Mapping[str, str]) -> bool:

@@ -3,7 +3,7 @@
 A JSON response carries ``usage`` in its one object; an SSE stream (``text/event-stream``,
 ``"stream": true``) carries it in the last ``data:`` event when the client asked for it
 (``stream_options.include_usage``). Only lines that mention ``"usage"`` are parsed, so a long stream
-costs one substring search per event.
+costs one substring search per event, and none once usage was found (it comes once, at the end).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class UsageScanner:
     """
 
     def __init__(self, *, event_stream: bool, max_bytes: int) -> None:
-        self._event_stream = event_stream
+        self.event_stream = event_stream
         self._max_bytes = max_bytes
         self._pending = b""
         self._parts: list[bytes] = []
@@ -45,8 +45,10 @@ class UsageScanner:
         self.usage: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
-        if self._event_stream:
-            self._scan_lines(chunk)
+        if self.event_stream:
+            # Most chunks are whole events without usage: one substring search, nothing kept.
+            if self.usage is None and (self._pending or _USAGE in chunk or not chunk.endswith(b"\n")):
+                self._scan_lines(chunk)
             return
         self._size += len(chunk)
         if self._size <= self._max_bytes:
@@ -55,8 +57,9 @@ class UsageScanner:
             self._parts = []
 
     def finish(self) -> Usage | None:
-        if self._event_stream:
-            self._scan_lines(b"\n")
+        if self.event_stream:
+            if self.usage is None:
+                self._scan_lines(b"\n")
         elif self._parts:
             try:
                 self.usage = usage_of(orjson.loads(b"".join(self._parts)))
@@ -71,8 +74,9 @@ class UsageScanner:
         if end < 0:
             self._pending = data[-self._max_bytes :] if len(data) > self._max_bytes else data
             return
-        self._pending = data[end + 1 :]
-        if _USAGE not in data[:end]:
+        # An event's chunk usually ends with its blank line: nothing pending, and no copy searched.
+        self._pending = data[end + 1 :] if end + 1 < len(data) else b""
+        if data.find(_USAGE, 0, end) < 0:
             return
         for line in data[:end].split(b"\n"):
             line = line.strip()
