@@ -162,6 +162,18 @@ def http1(data: bytes) -> None:
     assert http1_outcome([stream[at : at + step] for at in range(0, len(stream), step)]) == whole
     for event in whole:
         assert not isinstance(event, h1.Response) or len(event.body) <= HTTP1_LIMITS.max_body
+    # The one-pass head parser and the line-by-line one agree on the first head.
+    end = stream.find(b"\r\n\r\n")
+    if end >= 0:
+        head = stream[: end + 4]
+        assert _head_outcome(h1._parse_head, head) == _head_outcome(h1._parse_head_by_line, head)
+
+
+def _head_outcome(parse: Callable[[bytes, h1.Limits], h1.Head], head: bytes) -> object:
+    try:
+        return parse(head, HTTP1_LIMITS)
+    except h1.ResponseError as exc:
+        return exc.detail
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {"frames": frames, "hpack": hpack, "body": body, "http1": http1}

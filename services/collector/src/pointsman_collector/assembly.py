@@ -2,11 +2,11 @@
 
 :func:`create_collector` builds the graph a ``pointsman-collector`` process runs: the target sources and
 their union, the scrape loops and the publisher (:class:`~pointsman_collector.loop.Collector`), the Redis
-sink (and the replicas' membership when :class:`~pointsman_collector.topology.Topology` says the pool is
-shared), the metrics and the HTTP surface. Every
-I/O part can be passed in instead (the Redis client or the sink, the target sources, the scrapers, the
-clock, the listening socket), so tests run the whole collector in-process. ``__main__`` parses arguments,
-sets up logging and signals, runs the :class:`CollectorService` and maps failures to exit codes.
+sink (and the replicas' membership when the :class:`~pointsman_collector.topology.Topology` says the
+pool is shared), the metrics and the HTTP surface. Every I/O part can be passed in instead (the Redis
+client or the sink, the target sources, the scrapers, the clock, the listening socket), so tests run the
+whole collector in-process. ``__main__`` parses arguments, sets up logging and signals, runs the
+:class:`CollectorService` and maps failures to exit codes.
 """
 
 from __future__ import annotations
