@@ -33,13 +33,28 @@ POOL = PoolSnapshot(
             waiting_adapters=frozenset({"c"}),
             updated_at=1764000000.0,
             field_times=FieldTimes(1764000000.0, 1764000000.0, 1763999999.5, 1763999990.0),
+            prefix_cache_hit_rate=0.375,
+            block_size=16,
+            num_gpu_blocks=27000,
         ),
         pod(address="[::1]:8001", healthy=False, reason="timeout", updated_at=0.0),
     ),
 )
 
 
-# POOL's blob as codec 2 writes it: what pickers of every version since read, byte for byte.
+# POOL's blob as codec 3 writes it: what pickers of every version since read, byte for byte.
+CODEC_3_BLOB = (
+    b'{"codec":3,"pool":"p","publishedAt":1764000000.25,"pods":[{"address":"10.0.0.1:8000","waiting":3,'
+    b'"running":2,"kv":0.5,"prefixCacheHitRate":0.375,"blockSize":16,"numGpuBlocks":27000,"maxLora":4,'
+    b'"runningAdapters":["a","b"],"waitingAdapters":["c"],"updatedAt":1764000000.0,"healthy":true,'
+    b'"reason":"","fieldTimes":{"waiting":1764000000.0,"running":1764000000.0,"kv":1763999999.5,'
+    b'"lora":1763999990.0}},{"address":"[::1]:8001","waiting":0,"running":0,"kv":0.0,'
+    b'"prefixCacheHitRate":null,"blockSize":0,"numGpuBlocks":0,"maxLora":0,"runningAdapters":[],'
+    b'"waitingAdapters":[],"updatedAt":0.0,"healthy":false,"reason":"timeout","fieldTimes":{"waiting":0.0,'
+    b'"running":0.0,"kv":0.0,"lora":0.0}}]}'
+)
+
+# POOL's blob as codec 2 wrote it (no prefix cache): a picker upgraded first still reads it.
 CODEC_2_BLOB = (
     b'{"codec":2,"pool":"p","publishedAt":1764000000.25,"pods":[{"address":"10.0.0.1:8000","waiting":3,'
     b'"running":2,"kv":0.5,"maxLora":4,"runningAdapters":["a","b"],"waitingAdapters":["c"],'
@@ -50,11 +65,18 @@ CODEC_2_BLOB = (
 )
 
 
-def test_the_blob_is_codec_2_byte_for_byte() -> None:
+def test_the_blob_is_codec_3_byte_for_byte() -> None:
     # A field added to the snapshot changes these bytes: then bump CODEC_VERSION (codec.py's docstring).
-    assert encode_pool(POOL) == CODEC_2_BLOB
-    assert PoolEncoder().pool(POOL) == CODEC_2_BLOB
-    assert decode_pool(CODEC_2_BLOB, 7) == POOL
+    assert encode_pool(POOL) == CODEC_3_BLOB
+    assert PoolEncoder().pool(POOL) == CODEC_3_BLOB
+    assert decode_pool(CODEC_3_BLOB, 7) == POOL
+
+
+def test_a_codec_2_blob_still_decodes_with_no_prefix_cache_known() -> None:
+    no_prefix = tuple(
+        replace(p, prefix_cache_hit_rate=None, block_size=0, num_gpu_blocks=0) for p in POOL.pods
+    )
+    assert decode_pool(CODEC_2_BLOB, 7) == replace(POOL, pods=no_prefix)
 
 
 def test_round_trip_keeps_every_field() -> None:
@@ -94,6 +116,11 @@ def _blob(**changes: object) -> bytes:
         (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "fieldTimes": None}]), "mistypes"),
         (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "healthy": 1}]), "mistypes"),
         (_blob(pods=["10.0.0.1:8000"]), "mistypes"),
+        (
+            _blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "prefixCacheHitRate": "0.5"}]),
+            "mistypes",
+        ),
+        (_blob(pods=[{**orjson.loads(encode_pool(POOL))["pods"][0], "blockSize": 16.0}]), "mistypes"),
     ],
     ids=[
         "not json",
@@ -107,6 +134,8 @@ def _blob(**changes: object) -> bytes:
         "no field times in codec 2",
         "number for health",
         "pod not an object",
+        "string hit rate",
+        "float block size",
     ],
 )
 def test_bad_blobs_are_refused(data: bytes, message: str) -> None:
@@ -121,6 +150,9 @@ def test_pod_to_dict_is_the_api_shape() -> None:
         "waiting",
         "running",
         "kvCacheUsage",
+        "prefixCacheHitRate",
+        "blockSize",
+        "numGpuBlocks",
         "maxLora",
         "runningAdapters",
         "waitingAdapters",
@@ -135,6 +167,9 @@ def test_pod_to_dict_is_the_api_shape() -> None:
         "waiting": 3,
         "running": 2,
         "kvCacheUsage": 0.5,
+        "prefixCacheHitRate": 0.375,
+        "blockSize": 16,
+        "numGpuBlocks": 27000,
         "maxLora": 4,
         "runningAdapters": ["a", "b"],
         "waitingAdapters": ["c"],
@@ -160,6 +195,7 @@ def test_a_codec_1_blob_still_decodes_with_every_field_read_at_its_update_time()
     )
     (pod,) = decode_pool(blob, 3).pods
     assert (pod.waiting, pod.kv_cache_usage, pod.running_adapters) == (3, 0.5, {"a"})
+    assert (pod.prefix_cache_hit_rate, pod.block_size, pod.num_gpu_blocks) == (None, 0, 0)
     assert pod.field_times == FieldTimes(1764000000.0, 1764000000.0, 1764000000.0, 1764000000.0)
 
 

@@ -29,6 +29,9 @@ PODS = st.builds(
     waiting=COUNTS,
     running=COUNTS,
     kv_cache_usage=FLOATS,
+    prefix_cache_hit_rate=st.none() | FLOATS,
+    block_size=COUNTS,
+    num_gpu_blocks=COUNTS,
     max_lora=COUNTS,
     running_adapters=ADAPTERS,
     waiting_adapters=ADAPTERS,
@@ -82,6 +85,8 @@ def typed(value: Any, hint: Any) -> bool:
         return type(value) is int
     if hint is float:
         return type(value) is float
+    if hint == float | None:
+        return value is None or type(value) is float
     if hint is str:
         return type(value) is str
     if typing.get_origin(hint) is tuple:  # tuple[X, ...]

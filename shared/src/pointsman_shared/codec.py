@@ -1,8 +1,10 @@
 """The versioned encoding of a pool snapshot in Redis (docs/redis-schema.md).
 
 The blob is JSON (orjson). Its ``codec`` field names the layout; a reader refuses layouts it does not
-know instead of guessing. Layout 2 added each pod's ``fieldTimes``; layout 1 blobs (from a collector
-not yet upgraded) still decode, every field time being the pod's ``updatedAt``.
+know instead of guessing. Layout 2 added each pod's ``fieldTimes``, layout 3 its prefix cache
+(``prefixCacheHitRate``, ``blockSize``, ``numGpuBlocks``). Blobs of older layouts (from a collector not
+yet upgraded) still decode: every field time of layout 1 is the pod's ``updatedAt``, and a pod of
+layout 1 or 2 has no known prefix cache (hit rate None, sizes 0).
 The snapshot's ``version`` is stored beside the blob, not inside it, because Redis assigns it
 atomically at publish time.
 
@@ -23,9 +25,9 @@ import orjson
 
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot, PoolSnapshot
 
-CODEC_VERSION = 2
+CODEC_VERSION = 3
 # Layouts this reader decodes: a picker upgraded first keeps reading an older collector.
-READABLE = (1, 2)
+READABLE = (1, 2, 3)
 
 
 class CodecError(ValueError):
@@ -107,9 +109,12 @@ def decode_pool(data: bytes, version: int) -> PoolSnapshot:
 
 def _decode_pod(doc: Any, codec: int) -> PodSnapshot:
     # An older layout's pod gets what the current one added, then is read as the current one.
-    if codec == 1 and isinstance(doc, dict):
-        # Layout 1 had no field times: every field counts as read at the pod's last good scrape.
-        doc["fieldTimes"] = dict.fromkeys(_TIME_KEYS, doc["updatedAt"])
+    if codec < CODEC_VERSION and isinstance(doc, dict):
+        if codec == 1:
+            # Layout 1 had no field times: every field counts as read at the pod's last good scrape.
+            doc["fieldTimes"] = dict.fromkeys(_TIME_KEYS, doc["updatedAt"])
+        # Layouts 1 and 2 had no prefix cache: unknown, as for a pod that exports no such metrics.
+        doc.update(_NO_PREFIX_CACHE)
     return _read_pod(doc)
 
 
@@ -143,6 +148,10 @@ def _num(value: Any) -> float:
     return float(value)
 
 
+def _num_or_none(value: Any) -> float | None:
+    return None if value is None else _num(value)
+
+
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r}")
@@ -163,6 +172,7 @@ _WRITE: dict[object, Callable[[Any], Any] | None] = {
     str: None,
     int: None,
     float: None,
+    float | None: None,
     bool: None,
     frozenset[str]: sorted,  # sorted: the same set makes the same bytes
 }
@@ -170,6 +180,7 @@ _READ: dict[object, Callable[[Any], Any]] = {
     str: _str,
     int: _int,
     float: _num,
+    float | None: _num_or_none,
     bool: _bool,
     frozenset[str]: _strs,
 }
@@ -236,6 +247,11 @@ _READ[FieldTimes] = _reader(FieldTimes)
 _encode_pod = _writer(PodSnapshot, _blob_key)
 _read_pod = _reader(PodSnapshot)
 _TIME_KEYS = tuple(_blob_key(f.name) for f in fields(FieldTimes))
+_NO_PREFIX_CACHE = {
+    _blob_key(f.name): f.default
+    for f in fields(PodSnapshot)
+    if f.name in ("prefix_cache_hit_rate", "block_size", "num_gpu_blocks")
+}
 
 # The API's pod: every field in camelCase, active_adapters too; its field times as the blob writes them.
 _api_pod = _writer(PodSnapshot, _camel, derived=True)

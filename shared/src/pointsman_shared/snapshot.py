@@ -33,6 +33,12 @@ class PodSnapshot:
     waiting: int = 0
     running: int = 0
     kv_cache_usage: float = 0.0  # fraction 0..1
+    # Prefix-cache hits over queries (tokens), 0..1, over the collector's window; None: the pod exports
+    # no prefix-cache metrics (or no query was counted in the window yet).
+    prefix_cache_hit_rate: float | None = None
+    # From vllm:cache_config_info: tokens per KV block and the blocks the GPU holds; 0 = unknown.
+    block_size: int = 0
+    num_gpu_blocks: int = 0
     max_lora: int = 0
     running_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()

@@ -1,6 +1,6 @@
 """From scrape outcomes to the pod state the collector publishes. Pure: time comes in as ``now``.
 
-Rules (upstream-spec §4):
+Rules (docs/upstream-spec.md §4, the model-server protocol):
 - A field the page did not give keeps its previous value and its update time (upstream's partial
   updates); ``field_times`` says when each was last read. The LoRA fields count as read when the page
   had a usable LoRA series, idle ones included (an idle series says "nothing loaded changed").
@@ -65,6 +65,9 @@ def on_page(state: PodState, page: PageMetrics, now: float) -> PodState:
         waiting=prev.waiting if page.waiting is None else page.waiting,
         running=prev.running if page.running is None else page.running,
         kv_cache_usage=prev.kv_cache_usage if page.kv_cache_usage is None else page.kv_cache_usage,
+        prefix_cache_hit_rate=prev.prefix_cache_hit_rate,
+        block_size=prev.block_size,
+        num_gpu_blocks=prev.num_gpu_blocks,
         max_lora=_max_lora(prev.max_lora, page),
         running_adapters=prev.running_adapters if lora is None else lora.running,
         waiting_adapters=prev.waiting_adapters if lora is None else lora.waiting,

@@ -24,6 +24,9 @@ def pod(
     healthy: bool = True,
     reason: str = "",
     field_times: FieldTimes = FieldTimes(),  # noqa: B008  (frozen: one shared default is safe)
+    prefix_cache_hit_rate: float | None = None,
+    block_size: int = 0,
+    num_gpu_blocks: int = 0,
 ) -> PodSnapshot:
     """``adapters`` are the running adapters; active = running | waiting."""
     return PodSnapshot(
@@ -31,6 +34,9 @@ def pod(
         waiting=waiting,
         running=running,
         kv_cache_usage=kv,
+        prefix_cache_hit_rate=prefix_cache_hit_rate,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
         max_lora=max_lora,
         running_adapters=frozenset(adapters),
         waiting_adapters=frozenset(waiting_adapters),
@@ -57,6 +63,7 @@ def snapshot(
 _VALUES: dict[object, Callable[[int], object]] = {
     int: lambda i: 7 + i,
     float: lambda i: 0.25 + i,
+    float | None: lambda i: 0.25 + i,
     str: lambda i: f"set-{i}",
     frozenset[str]: lambda i: frozenset({f"set-{i}"}),
 }
