@@ -6,7 +6,10 @@
   100 routes before) without gRPC;
 - a full ext_proc stream (request headers + body -> two responses) through the real grpc.aio server on
   loopback, one stream at a time and 16 at a time, with the client in the same process;
-- the server's CPU per stream, with the client in another process (16 streams at a time).
+- the server's CPU per stream, with the client in another process (16 streams at a time);
+- the director's CPU per decision with a 4 KB prompt under config/profiles/gie-default.yaml, with its
+  prefix-cache scorer and without it (``--prefix`` runs this case alone and writes
+  bench/results/decision_cost_prefix.json).
 
 Prints the numbers and writes bench/results/decision_cost.json. Takes about 25 s.
 """
@@ -50,6 +53,8 @@ from pointsman_shared.stats import PERCENTILE_RULE, mean, median, percentile
 T = TypeVar("T")
 RESULTS = Path(__file__).parent / "results" / "decision_cost.json"
 BEST = Path(__file__).parent.parent / "config" / "profiles" / "best.yaml"
+GIE_DEFAULT = Path(__file__).parent.parent / "config" / "profiles" / "gie-default.yaml"
+PREFIX_RESULTS = RESULTS.with_name("decision_cost_prefix.json")
 NOW = time.time()
 
 
@@ -161,6 +166,91 @@ def bench_director() -> dict[str, float]:
     return out
 
 
+def prefix_bodies(count: int, rng: random.Random) -> list[bytes]:
+    """4 KB completions: 8 system prompts of 3 KB, each followed by a 1 KB question of its own (the
+    shape of chat traffic with system prompts: most of the prompt is a prefix some pod holds)."""
+    systems = [f"System prompt {g}: you are a careful assistant. " * 64 for g in range(8)]
+    bodies = []
+    for i in range(count):
+        prompt = (systems[i % 8][:3072] + f"Question {i}: " + "why? " * 250)[:4096]
+        bodies.append(json.dumps({"model": "my-model", "prompt": prompt, "max_tokens": 100}).encode())
+    rng.shuffle(bodies)
+    return bodies
+
+
+def bench_prefix() -> dict[str, float]:
+    """CPU µs per route (and its release), 4 KB prompts, gie-default with and without its prefix scorer
+    (the index warmed by a first pass over the bodies: its lookups find blocks)."""
+    doc = yaml.safe_load(GIE_DEFAULT.read_text(encoding="utf-8"))
+    without = json.loads(json.dumps(doc))
+    without["plugins"] = [p for p in without["plugins"] if p["type"] != "prefix-cache-scorer"]
+    without["profiles"][0]["plugins"] = [
+        e for e in without["profiles"][0]["plugins"] if e["pluginRef"] != "prefix-cache-scorer"
+    ]
+    bodies = prefix_bodies(512, random.Random(7))
+    out: dict[str, float] = {}
+    for name, settings in (("with_prefix", doc), ("without_prefix", without)):
+        for n in (3, 512):
+            cfg = config().model_copy(
+                update={
+                    k: v
+                    for k, v in parse_config({**settings, "pool": {"name": "bench"}}).__dict__.items()
+                    if k in ("plugins", "profiles", "picker")
+                }
+            )
+            cfg = cfg.model_copy(update={"picker": cfg.picker.model_copy(update={"listen": "127.0.0.1:0"})})
+            source = StaticSnapshotSource(PoolSnapshot("bench", 1, NOW, make_pods(n, random.Random(n))))
+            director = Director(
+                cfg,
+                source,
+                PickerMetrics(CollectorRegistry()),
+                rng=random.Random(1),
+                clock=clock,
+                timer=time.perf_counter,
+            )
+            contexts = [RequestContext(f"bench-{i}", body) for i, body in enumerate(bodies)]
+            for context in contexts:  # warm the index: every system prompt is held somewhere
+                director.release(director.route(context))
+            samples = []
+            for _ in range(5):
+                cpu = time.process_time()
+                for context in contexts:
+                    director.release(director.route(context))
+                samples.append((time.process_time() - cpu) / len(contexts) * 1e6)
+            out[f"director_route_4kb_{name}_{n}_pods_cpu_us"] = median(samples)
+    out.update(prefix_index_bytes())
+    return out
+
+
+def prefix_index_bytes() -> dict[str, float]:
+    """The prefix index's memory per (block, pod) entry, 100 pods of 2,000 blocks: each block on one
+    pod, and each on four (a system prompt several pods hold)."""
+    import tracemalloc
+
+    from pointsman_picker.scheduling.prefix_index import PrefixIndex
+
+    rng = random.Random(1)
+    pods = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(100)]
+    shared = [[rng.getrandbits(64) for _ in range(2000)] for _ in range(25)]
+    out = {}
+    tracemalloc.start()
+    try:
+        for name, blocks in (
+            ("one_pod", lambda i: [rng.getrandbits(64) for _ in range(2000)]),
+            ("four_pods", lambda i: shared[i % 25]),
+        ):
+            index = PrefixIndex()
+            before = tracemalloc.get_traced_memory()[0]
+            for i, pod in enumerate(pods):
+                index.add(pod, blocks(i), 2000, 0.0, 60.0)
+            out[f"prefix_index_bytes_per_entry_{name}"] = (tracemalloc.get_traced_memory()[0] - before) / len(
+                index
+            )
+    finally:
+        tracemalloc.stop()
+    return out
+
+
 def messages() -> list[pb.ProcessingRequest]:
     header_map = base_pb2.HeaderMap(
         headers=[
@@ -249,8 +339,16 @@ def main() -> int:
         port, total, concurrency = map(int, sys.argv[2:5])
         run(lambda: client_process(port, total, concurrency))
         return 0
+    if sys.argv[1:2] == ["--prefix"]:
+        return write(
+            PREFIX_RESULTS, bench_prefix(), "asyncio (not used)", len(prefix_bodies(1, random.Random(7))[0])
+        )
     streams, loop = run(bench_all_streams)
-    numbers = {**bench_schedule(), **bench_director(), **streams}
+    numbers = {**bench_schedule(), **bench_director(), **bench_prefix(), **streams}
+    return write(RESULTS, numbers, loop, len(BODY))
+
+
+def write(path: Path, numbers: dict[str, float], loop: str, body_bytes: int) -> int:
     result = {
         "percentile_rule": PERCENTILE_RULE,
         "python": sys.version.split()[0],
@@ -258,16 +356,18 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "event_loop": loop,
         "grpcio": grpc.__version__,
-        "body_bytes": len(BODY),
+        "body_bytes": body_bytes,
+        # others' work on this shared machine: above the core count, every figure is inflated
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "numbers": {k: round(v, 1) for k, v in numbers.items()},
     }
     for name, value in result["numbers"].items():
         print(f"{name:48s} {value:>12,.1f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(RESULTS)
-    print(f"wrote {RESULTS}")
+    tmp.replace(path)
+    print(f"wrote {path}")
     return 0
 
 

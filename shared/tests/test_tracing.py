@@ -199,3 +199,24 @@ def test_the_otlp_modules_are_opentelemetry_proto_s_not_the_copy_in_xds_protos()
             assert actual == expected, f"{path} is not opentelemetry-proto's: reinstall it after xds-protos"
             checked += 1
     assert checked > 5
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "flag"),
+    [
+        (PARENT, True),
+        (PARENT[:-2] + "00", False),
+        (PARENT[:-2] + "03", True),
+        (None, None),
+        ("garbage", None),
+        (f"00-{'0' * 32}-00f067aa0ba902b7-01", None),
+        (f"00-{TRACE_ID}-{'0' * 16}-01", None),
+        (f"ff-{TRACE_ID}-00f067aa0ba902b7-01", None),
+        (f"00-{TRACE_ID}-00f067aa0ba902b7-01-extra", None),
+        (f"01-{TRACE_ID}-00f067aa0ba902b7-00-extra", False),
+    ],
+)
+def test_the_sampled_flag_is_read_as_the_propagator_reads_the_context(traceparent, flag):
+    assert tracing.sampled_flag(traceparent) is flag
+    context = tracing.extract({"traceparent": traceparent}) if traceparent is not None else None
+    assert (context is not None) is (flag is not None)

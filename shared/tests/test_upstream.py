@@ -119,15 +119,58 @@ def test_upstream_s_default_plugins_become_a_scorer_profile(tmp_path):
     assert [(p.type, p.ref) for p in config.plugins] == [
         ("queue-scorer", "queue-scorer"),
         ("kv-cache-scorer", "kv-cache-utilization-scorer"),
+        ("prefix-cache-scorer", "prefix-cache-scorer"),
     ]
     [profile] = config.profiles
     assert (profile.name, config.picker.profile) == ("default", "default")
     assert [(e.plugin_ref, e.weight) for e in profile.plugins] == [
         ("queue-scorer", 2),
         ("kv-cache-utilization-scorer", 2),
+        ("prefix-cache-scorer", 3),
     ]
-    assert len(warnings) == 3
-    assert "plugins[2] prefix-cache-scorer is left out" in warnings[0]
+    assert len(warnings) == 2
+    assert not any("prefix-cache" in w for w in warnings)
+
+
+# The prefix scorer's parameters as each release names them (the release's plugin.go / types.go).
+RELEASE_PREFIX_PARAMETERS = {
+    "v1.0": {"hashBlockSize": 64, "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250},
+    "v1.2": {"autoTune": True, "blockSize": 64, "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250},
+    "v1.4": {
+        "autoTune": False,
+        "blockSizeTokens": 16,
+        "maxPrefixBlocksToMatch": 256,
+        "lruCapacityPerServer": 31250,
+    },
+    "v1.5": {
+        "autoTune": True,
+        "blockSizeTokens": 16,
+        "maxPrefixTokensToMatch": 4096,
+        "lruCapacityPerServer": 31250,
+    },
+}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASE_PREFIX_PARAMETERS))
+def test_every_release_s_prefix_cache_scorer_is_kept_with_its_parameters(release):
+    params = RELEASE_PREFIX_PARAMETERS[release]
+    doc = {
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "queue-scorer"}, {"type": "prefix-cache-scorer", "parameters": params}],
+        "schedulingProfiles": [
+            {
+                "name": "d",
+                "plugins": [{"pluginRef": "queue-scorer"}, {"pluginRef": "prefix-cache-scorer", "weight": 3}],
+            }
+        ],
+    }
+    translated, warnings = upstream.from_endpoint_picker_config(doc, "epp.yaml")
+    assert warnings == []
+    config = parse_config(translated)
+    [prefix] = [p for p in config.plugins if p.type == "prefix-cache-scorer"]
+    # v1.0 had no autoTune: its hashBlockSize is not replaced by the pods' block size
+    assert prefix.parameters == ({**params, "autoTune": False} if release == "v1.0" else params)
+    assert [(e.plugin_ref, e.weight) for e in config.profiles[0].plugins][-1] == ("prefix-cache-scorer", 3)
 
 
 def test_flags_and_environment_apply_on_top_of_an_endpoint_picker_config():
@@ -166,9 +209,9 @@ def test_a_plugin_ref_that_is_no_string_is_left_to_the_config_check():
     # Found by test_upstream_properties: `[...] not in dropped` raised TypeError.
     doc = {
         "kind": "EndpointPickerConfig",
-        "plugins": [{"type": "prefix-cache-scorer"}],
+        "plugins": [{"type": "single-profile-handler"}],
         "schedulingProfiles": [
-            {"name": "p", "plugins": [{"pluginRef": ["x"]}, {"pluginRef": "prefix-cache-scorer"}]}
+            {"name": "p", "plugins": [{"pluginRef": ["x"]}, {"pluginRef": "single-profile-handler"}]}
         ],
     }
     translated, _ = upstream.from_endpoint_picker_config(doc, "epp.yaml")

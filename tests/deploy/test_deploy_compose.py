@@ -301,7 +301,7 @@ def test_the_traced_services_load_a_config_that_traces_everything_to_jaeger(name
     assert service["command"][:2] == SERVICES[name]["command"][:2]
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    upstream.add_flags(parser, metrics_field="picker.metricsListen")
+    upstream.add_flags(parser, metrics_field="picker.metricsListen", grpc=True)
     args = parser.parse_args(service["command"])
     doc = upstream.with_overrides(load_yaml(REPO / CONFIG_PATH), upstream.overrides(args))
     environ = {k: str(v) for k, v in service["environment"].items() if not str(v).startswith("${")}

@@ -58,6 +58,25 @@ def test_the_standalone_kubernetes_bootstrap_is_up_to_date() -> None:
     )
 
 
+def test_the_standalone_tracing_bootstrap_is_up_to_date_and_the_standalone_one_plus_the_tracer() -> None:
+    path = "deploy/k8s/components/standalone-envoy-tracing/envoy-tracing.yaml"
+    expected = deploy.kubernetes_tracing_config("deploy/k8s/base/pointsman.yaml", root=REPO)
+    assert (REPO / path).read_text(encoding="utf-8") == expected, (
+        "regenerate: .venv/bin/python -m pointsman_devstack.deploy --variant kubernetes-tracing"
+    )
+    traced, plain = (
+        load_yaml(REPO / path),
+        load_yaml(REPO / "deploy/k8s/overlays/standalone-envoy/envoy.yaml"),
+    )
+    (hcm,) = traced["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+    tracing = hcm["typed_config"].pop("tracing")
+    assert tracing["provider"]["name"] == "envoy.tracers.opentelemetry"
+    assert tracing["random_sampling"] == {"value": 10.0}
+    clusters = traced["static_resources"]["clusters"]
+    assert [c["name"] for c in clusters].pop() == envoy.OTLP_CLUSTER
+    assert {**traced, "static_resources": {**traced["static_resources"], "clusters": clusters[:-1]}} == plain
+
+
 def test_the_standalone_bootstrap_verifies_the_picker_certificate() -> None:
     doc = load_yaml(REPO / "deploy/k8s/overlays/standalone-envoy/envoy.yaml")
     (picker,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == envoy.PICKER_CLUSTER]
@@ -88,7 +107,9 @@ def test_the_client_facing_bootstraps_are_found() -> None:
     assert names == {
         "deploy/envoy/envoy.yaml",
         "deploy/envoy/envoy-compose.yaml",
+        "deploy/envoy/envoy-compose-tracing.yaml",
         "deploy/k8s/overlays/standalone-envoy/envoy.yaml",
+        "deploy/k8s/components/standalone-envoy-tracing/envoy-tracing.yaml",
     }
 
 

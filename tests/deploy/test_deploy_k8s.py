@@ -1056,5 +1056,24 @@ def test_the_tracing_component_turns_tracing_on_everywhere_and_nothing_traces_wi
 def upstream_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    upstream.add_flags(parser, metrics_field="picker.metricsListen")
+    upstream.add_flags(parser, metrics_field="picker.metricsListen", grpc=True)
     return parser.parse_args(argv)
+
+
+def test_the_standalone_envoy_tracing_component_swaps_in_the_traced_bootstrap() -> None:
+    kubectl = Path(sys.executable).parent / "kubectl"
+    spec = {"resources": ["overlays/standalone-envoy"], "components": ["components/standalone-envoy-tracing"]}
+
+    def envoy_config(objects: Objects) -> dict[str, Any]:
+        (found,) = [
+            o
+            for o in objects
+            if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("pointsman-envoy")
+        ]
+        return found
+
+    traced = envoy_config(list(_build_kustomization(spec, kubectl)))
+    plain = envoy_config(_objects("overlays/standalone-envoy"))
+    expected = (K8S / "components/standalone-envoy-tracing/envoy-tracing.yaml").read_text(encoding="utf-8")
+    assert traced["data"]["envoy.yaml"] == expected
+    assert "envoy.tracers.opentelemetry" not in plain["data"]["envoy.yaml"]

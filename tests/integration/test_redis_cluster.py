@@ -129,3 +129,37 @@ async def test_cluster_true_reads_a_redis_url_as_a_start_node(cluster: LocalClus
 def _version(source: RedisSnapshotSource) -> int:
     snap = source.current()
     return -1 if snap is None else snap.version
+
+
+async def test_pickers_share_their_prefix_index_on_a_cluster(cluster: LocalCluster) -> None:
+    """The stream has the pool's hash tag: on each node, two pickers' producers converge through it."""
+    from pointsman_picker.prefix_sync import RedisPrefixSync
+    from pointsman_picker.scheduling import CycleState, SchedulingRequest, Ticket
+    from pointsman_picker.scheduling.assignments import POSITIONS
+    from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH, PrefixCacheProducer
+
+    pods = (pod("10.0.0.1:8000"), pod("10.0.0.2:8000"))
+    request = SchedulingRequest("m", True, {"model": "m", "prompt": "A system prompt. " * 40})
+
+    def state(producer: PrefixCacheProducer) -> CycleState:
+        s = CycleState()
+        s[POSITIONS] = {p.address: i for i, p in enumerate(pods)}
+        producer.prepare(request, pods, s, 0.0)
+        return s
+
+    for name in pool_on_each_node():
+        keys = RedisKeys(name)
+        one, two = PrefixCacheProducer(auto_tune=False), PrefixCacheProducer(auto_tune=False)
+        syncs = [
+            RedisPrefixSync(cluster.url, keys, lambda p=p: [p], interval=0.01, backoff=FAST)
+            for p in (one, two)
+        ]
+        for sync in syncs:
+            await sync.start()
+        try:
+            one.picked(Ticket(1, "10.0.0.2:8000", 1.0), request, state(one))
+            await eventually(lambda two=two: set(state(two)[PREFIX_MATCH].matched) == {"10.0.0.2:8000"})  # type: ignore[misc]
+            assert all(s.failures == 0 for s in syncs)
+        finally:
+            for sync in syncs:
+                await sync.aclose()

@@ -308,6 +308,10 @@ async def test_the_picker_user_can_read_the_snapshot_and_subscribe_and_nothing_e
         await checker.hset(KEYS.snapshot, mapping={"version": 1, "data": b"{}"})
         assert await picker.hmget(KEYS.snapshot, ["version", "data"]) == [b"1", b"{}"]
         assert await picker.ping()
+        # the shared prefix-cache index: a stream it appends to, reads and trims
+        entry = await picker.xadd(KEYS.prefix_index, {"o": "p", "t": "1.0"}, maxlen=10, approximate=True)
+        assert [e[0] for e in await picker.xrange(KEYS.prefix_index, min="-", max="+")] == [entry]
+        assert await picker.xtrim(KEYS.prefix_index, minid="0-1", approximate=True) == 0
         for command in [
             ("HSET", KEYS.snapshot, "version", "2"),
             ("DEL", KEYS.snapshot),
@@ -319,6 +323,10 @@ async def test_the_picker_user_can_read_the_snapshot_and_subscribe_and_nothing_e
             ("HGETALL", KEYS.snapshot),
             ("HMGET", KEYS.shards, "x"),
             ("HMGET", "other", "x"),
+            ("XADD", "other", "*", "f", "1"),
+            ("XRANGE", KEYS.shards, "-", "+"),
+            ("DEL", KEYS.prefix_index),
+            ("XREAD", "STREAMS", KEYS.prefix_index, "0"),
             ("KEYS", "*"),
             ("FLUSHALL",),
             ("CONFIG", "GET", "*"),

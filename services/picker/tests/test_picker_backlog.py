@@ -45,3 +45,18 @@ def test_as_a_request_plugin_it_prepares_the_request_and_records_its_pick():
     backlog.prepare(SchedulingRequest("m", critical=True), pods, later, 0.05)
     assert later[PENDING_PREFILL] == pytest.approx({"a": 500.0})
     assert later[PROMPT_TOKENS] == 0  # a body without a prompt
+
+
+@pytest.mark.parametrize(
+    ("matched", "expected"),
+    [({}, 1000.0), ({"a": 3}, 250.0), ({"a": 4}, None), ({"b": 4}, 1000.0)],
+)
+def test_with_a_prefix_index_only_the_uncached_share_is_pending(matched, expected):
+    from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH, PrefixMatch
+
+    backlog = PrefillBacklog(10_000.0)
+    state = CycleState()
+    state[PROMPT_TOKENS] = 1000
+    state[PREFIX_MATCH] = PrefixMatch((1, 2, 3, 4), matched, ())
+    backlog.picked(Ticket(1, "a", 0.0), SchedulingRequest("m", True), state)
+    assert backlog.pending(0.0).get("a") == expected

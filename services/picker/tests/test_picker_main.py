@@ -149,7 +149,8 @@ async def test_an_upstream_deployment_s_args_run_it_with_only_a_redis_url_added(
         assert process.returncode == 0, stderr.decode()
         log = stderr.decode()
         assert "--zap-encoder is accepted and not used" in log
-        assert "prefix-cache-scorer is left out" in log
+        assert "metrics-data-source is left out" in log
+        assert "prefix-cache-scorer" not in log  # translated, kept
         assert "Traceback" not in log
     finally:
         if process.returncode is None:

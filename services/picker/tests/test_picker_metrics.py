@@ -11,7 +11,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from pointsman_picker.metrics import PickerMetrics, RuntimeCollector, SnapshotCollector, loop_tasks
+from pointsman_picker.metrics import (
+    PickerMetrics,
+    PrefixIndexCollector,
+    RuntimeCollector,
+    SnapshotCollector,
+    loop_tasks,
+)
 from pointsman_picker.routing import Completion, Routing, Usage
 from pointsman_shared.snapshot import PoolSnapshot
 from pointsman_testkit import NOW, pod, pool_pods, snapshot
@@ -290,3 +296,43 @@ async def test_the_runtime_gauges_count_open_streams_and_the_event_loops_tasks(
 
 def test_outside_an_event_loop_there_are_no_tasks_to_count() -> None:
     assert loop_tasks() == 0
+
+
+def test_the_prefix_index_collector_reads_the_index_and_the_sync_at_scrape_time():
+    from pointsman_picker.prefix_sync import RedisPrefixSync
+    from pointsman_picker.scheduling import CycleState, SchedulingRequest, Ticket
+    from pointsman_picker.scheduling.assignments import POSITIONS
+    from pointsman_picker.scheduling.prefix_cache import PrefixCacheProducer
+    from pointsman_shared.keys import RedisKeys
+
+    producer = PrefixCacheProducer(auto_tune=False)
+    plugins = [producer]
+    syncs: list[RedisPrefixSync | None] = [None]
+    registry = CollectorRegistry()
+    registry.register(PrefixIndexCollector(lambda: plugins, lambda: syncs[0]))
+
+    def values() -> dict[str, float]:
+        families = text_string_to_metric_families(generate_latest(registry).decode())
+        return {s.name: s.value for f in families for s in f.samples if "prefix" in s.name}
+
+    assert values() == {
+        "inference_extension_prefix_indexer_size": 0,
+        "pointsman_picker_prefix_outbox_blocks": 0,
+    }
+    pods = pool_pods(pod(), pod())
+    request = SchedulingRequest("m", True, {"prompt": "x" * 640})
+    state = CycleState()
+    state[POSITIONS] = {p.address: i for i, p in enumerate(pods)}
+    producer.prepare(request, pods, state, 0.0)
+    producer.picked(Ticket(1, pods[0].address, 0.0), request, state)
+    syncs[0] = sync = RedisPrefixSync("redis://127.0.0.1:1/0", RedisKeys("p"), lambda: plugins)  # not started
+    sync.published, sync.learnt, sync.failures = 3, 5, 2
+    assert values() == {
+        "inference_extension_prefix_indexer_size": 10,
+        "pointsman_picker_prefix_outbox_blocks": 10,
+        "pointsman_picker_prefix_sync_entries_published_total": 3,
+        "pointsman_picker_prefix_sync_announcements_learnt_total": 5,
+        "pointsman_picker_prefix_sync_failures": 2,
+    }
+    plugins.clear()  # a reload to a profile without the index
+    assert values()["inference_extension_prefix_indexer_size"] == 0

@@ -136,8 +136,9 @@ def test_an_unknown_type_lists_the_known_ones_in_order():
     assert raised.value.message == (
         "unknown plugin type 'magic' (known: critical-request-filter, low-queue-filter, "
         "has-capacity-filter, least-queue-filter, least-kv-cache-filter, least-work-filter, "
-        "lora-spread-affinity-filter, lora-affinity-filter, queue-scorer, kv-cache-scorer, "
-        "lora-affinity-scorer, random-picker, max-score-picker, decision-tree)"
+        "least-work-prefix-filter, lora-spread-affinity-filter, lora-affinity-filter, "
+        "prefix-cache-affinity-filter, queue-scorer, kv-cache-scorer, lora-affinity-scorer, "
+        "prefix-cache-scorer, random-picker, max-score-picker, approx-prefix-cache-producer, decision-tree)"
     )
 
 

@@ -39,3 +39,8 @@ class RedisKeys:
     def channel(self) -> str:
         """Pub/sub channel; each message is the version just published."""
         return f"{self._base}:updates"
+
+    @property
+    def prefix_index(self) -> str:
+        """Stream: the pickers' prefix-cache announcements, one entry per batch (docs/redis-schema.md)."""
+        return f"{self._base}:prefix"

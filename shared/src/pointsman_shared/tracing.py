@@ -13,13 +13,12 @@ not be reached; dropped: the queue was full).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from importlib import metadata
 
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -40,6 +39,9 @@ from pointsman_shared.config import TracingConfig
 
 W3C = TraceContextTextMapPropagator()
 TRACE_HEADERS = ("traceparent", "tracestate")
+# version-traceid-parentid-flags, as the W3C propagator reads it (a later version may add fields).
+_TRACEPARENT = re.compile(r"^\s*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\s*$")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
 
 class SpanCounts:
@@ -132,11 +134,16 @@ def sampler(config: TracingConfig) -> Sampler:
 
 
 def exporter(config: TracingConfig) -> SpanExporter:
-    """The OTLP exporter ``config.protocol`` names, sending to ``config.endpoint``."""
+    """The OTLP exporter ``config.protocol`` names, sending to ``config.endpoint``. Imported here: each
+    brings its client library (grpc, requests), seconds of start-up for a service that does not trace."""
     endpoint = config.endpoint
     if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
         insecure = not endpoint.startswith("https://")
         return GrpcSpanExporter(endpoint=endpoint, insecure=insecure, timeout=config.export_timeout)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
     scheme, sep, rest = endpoint.partition("://")
     if sep and "/" not in rest.rstrip("/"):
         endpoint = f"{scheme}://{rest.rstrip('/')}/v1/traces"
@@ -213,6 +220,21 @@ def extract(*carriers: Mapping[str, str]) -> Context | None:
             if context:
                 return context
     return None
+
+
+def sampled_flag(traceparent: str | None) -> bool | None:
+    """The sampled flag of a valid ``traceparent``; ``None`` when there is none or it is not valid (the
+    W3C propagator then ignores it too). What a parent-based sampler decides an unsampled parent's
+    child by, read without building the context."""
+    if traceparent is None:
+        return None
+    match = _TRACEPARENT.match(traceparent)
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        return None
+    return bool(int(flags, 16) & 1)
 
 
 def inject(carrier: MutableMapping[str, str], context: Context | None = None) -> None:

@@ -52,12 +52,15 @@ PLUGIN_TYPES = {
     "lora-affinity-scorer": "lora-affinity-scorer",
     "max-score-picker": "max-score-picker",
     "random-picker": "random-picker",
+    # the prefix index's parameters are read from either (upstream's names of every release)
+    "prefix-cache-scorer": "prefix-cache-scorer",
+    "approx-prefix-cache-producer": "approx-prefix-cache-producer",
+    "prefix-cache-affinity-filter": "prefix-cache-affinity-filter",
 }
 IGNORED_PLUGINS = {
     "metrics-data-source": "the collector scrapes the pods",
     "core-metrics-extractor": "the collector parses the pages",
     "single-profile-handler": "a picker runs one profile",
-    "prefix-cache-scorer": "no prefix-cache affinity yet: its weight is dropped",
 }
 ENDPOINT_PICKER_KIND = "EndpointPickerConfig"
 
@@ -179,9 +182,11 @@ def from_endpoint_picker_config(doc: Mapping[str, Any], source: str) -> tuple[di
         if not isinstance(kind, str):  # a list or a mapping cannot even be looked up
             problems.append((f"plugins[{i}].type", f"must be a string, not {type(kind).__name__}"))
         elif kind in PLUGIN_TYPES:
-            plugins.append(
-                {"type": PLUGIN_TYPES[kind], "name": name, "parameters": spec.get("parameters") or {}}
-            )
+            parameters = dict(spec.get("parameters") or {})
+            if "hashBlockSize" in parameters:
+                # v1.0's block in characters, from before autoTune (v1.2) could replace it
+                parameters.setdefault("autoTune", False)
+            plugins.append({"type": PLUGIN_TYPES[kind], "name": name, "parameters": parameters})
         elif kind in IGNORED_PLUGINS:
             dropped.add(str(name))
             warnings.append(f"{source}: plugins[{i}] {kind} is left out: {IGNORED_PLUGINS[kind]}")

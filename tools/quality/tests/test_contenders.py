@@ -17,7 +17,7 @@ from pointsman_quality.contenders import (
     merged,
     models_for,
 )
-from pointsman_quality.picker_path import DirectorRouter
+from pointsman_quality.picker_path import DirectorRouter, TwoPickers
 from pointsman_quality.scenario import ScenarioError
 from pointsman_sim.fleet import Placement, TraceRequest
 
@@ -157,3 +157,13 @@ def test_a_director_router_sheds_what_the_director_refuses() -> None:
     free = (pod(0, address="p0"), pod(9, address="p1"))
     placement = router(TraceRequest(0.0, 10, 10, "a-0"), free)
     assert placement == Placement(0, "a-0")
+
+
+def test_two_picker_contenders_name_their_config_and_whether_they_share() -> None:
+    by_name = {c.name: c for c in contenders(scenario(), PROFILES)}
+    shared, alone = by_name["gie-default-2-pickers-shared"], by_name["gie-default-2-pickers"]
+    assert (shared.pickers, shared.shared, alone.pickers, alone.shared) == (2, True, 2, False)
+    assert shared.config == by_name["gie-default"].config
+    assert isinstance(shared.router(scenario(), 0), TwoPickers)
+    assert by_name["pointsman-best-prefix"].config.picker.profile == "best-prefix"
+    assert by_name["prefix-only"].config.picker.profile == "prefix-only"

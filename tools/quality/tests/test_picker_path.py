@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CollectorRegistry
@@ -27,13 +29,14 @@ from quality_builders import body, metadata, on_free_ports, pod, pool_pods, post
 
 from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
-from pointsman_quality.picker_path import DirectorRouter, request_body
+from pointsman_quality.picker_path import DirectorRouter, TwoPickers, prompt_text, request_body
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import Placement, TraceRequest
 
 DEST = "x-gateway-destination-endpoint"
 POOL = "quality-pool"
+PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 BASE = "base-model"
 SEED = 423
 MODELS = [
@@ -220,6 +223,7 @@ async def live_decisions(
             streams: dict[int, grpc.aio.StreamStreamCall] = {}
             shown: tuple[PodSnapshot, ...] | None = None
             version = 0
+            routed = 0
             for event in events:
                 if isinstance(event, Finish):
                     await close(streams.pop(event.index))
@@ -231,7 +235,8 @@ async def live_decisions(
                 clock.now = event.request.arrival
                 call = stub.Process()
                 streams[event.index] = call
-                sent = request_body(event.request.adapter or BASE, event.request.prompt_tokens)
+                routed += 1  # the router numbers its requests, as the prompts of requests without spans say
+                sent = request_body(event.request.adapter or BASE, prompt_text(event.request, routed))
                 await call.write(post_headers())
                 assert (await call.read()).WhichOneof("response") == "request_headers"
                 await call.write(body(sent))
@@ -284,3 +289,62 @@ async def test_the_live_picker_decides_as_the_virtual_path(profile, server):
     assert not mismatches, (
         f"{len(mismatches)} decisions differ, first (index, virtual, live): {mismatches[0]}"
     )
+
+
+# -- prompts and two pickers -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Span:
+    """What the simulator's token spans give the prompt: a seed and a length in tokens."""
+
+    seed: int
+    length: int
+
+
+@dataclass(frozen=True)
+class SpannedRequest:
+    """A trace request whose prompt is described by token spans (as the simulator's TraceRequest.tokens)."""
+
+    arrival: float
+    prompt_tokens: int
+    max_tokens: int
+    adapter: str | None
+    tokens: tuple[Span, ...]
+
+
+def test_prompt_text_spells_the_spans_and_requests_without_share_nothing() -> None:
+    system, a, b = Span(7, 512), Span(8, 64), Span(9, 64)
+    one = prompt_text(SpannedRequest(0.0, 576, 1, None, (system, a)), 1)
+    two = prompt_text(SpannedRequest(0.0, 576, 1, None, (system, b)), 2)
+    assert len(one) == len(two) == 4 * 576
+    assert one[: 4 * 512] == two[: 4 * 512]
+    assert one[4 * 512 :] != two[4 * 512 :]
+    shorter = SpannedRequest(0.0, 500, 1, None, (system, a))  # spans reaching into the output
+    assert prompt_text(shorter, 1) == one[:2000]
+    plain = [prompt_text(TraceRequest(0.0, 100, 1, None), n) for n in (1, 2)]
+    assert len(plain[0]) == 400
+    assert plain[0][:16] != plain[1][:16]
+
+
+def prefix_config() -> PointsmanConfig:
+    doc = yaml.safe_load((PROFILES / "prefix-only.yaml").read_text(encoding="utf-8"))
+    return parse_config({**doc, "pool": {"name": POOL}, "models": [{"modelName": BASE}]})
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_two_pickers_share_their_prefix_index_after_the_delay(shared: bool) -> None:
+    pods = tuple(pod(address=f"10.0.0.{i}:8000") for i in range(1, 5))
+    router = TwoPickers(prefix_config(), BASE, random.Random(5), shared=shared, delay=0.06)
+    system = Span(1, 1024)
+    chosen = []
+    for i in range(40):
+        request = SpannedRequest(i * 0.1, 1088, 1, None, (system, Span(100 + i, 64)))
+        placement = router(request, pods)  # type: ignore[arg-type]
+        assert placement is not None
+        chosen.append(placement.pod)
+        router.finished(request)  # type: ignore[arg-type]
+    # One index: every request after the first goes where the system prompt is. Two apart: each
+    # picker's first request picks at random (with this seed, two other pods), then sticks to it.
+    if shared:
+        assert len(set(chosen)) == 1
+    else:
+        assert len(set(chosen)) == 2

@@ -26,7 +26,7 @@ from pointsman_picker.explain import DecisionTrace
 from pointsman_picker.interfaces import RoutingMetrics, SnapshotSource
 from pointsman_picker.resolution import ModelCatalog
 from pointsman_picker.routing import Routing
-from pointsman_picker.scheduling import CycleState, Drop, Pods, SchedulingRequest, Ticket
+from pointsman_picker.scheduling import CycleState, Drop, Pods, RequestPlugin, SchedulingRequest, Ticket
 from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.profiles import Profile, build_profile
@@ -157,6 +157,11 @@ class Director:
         self._usable = UsablePods(self._max_staleness)
         self._failing_open = config.pool.failure_mode is FailureMode.FAIL_OPEN
         self._endpoints = config.pool.endpoints
+
+    def request_plugins(self) -> tuple[RequestPlugin, ...]:
+        """The running profile's request plugins (what the picker's I/O side feeds, e.g. the prefix
+        index it shares with the other pickers)."""
+        return self._lifecycle.plugins
 
     def route(self, context: RequestContext) -> Routing:
         """Route a request through the four steps. With ``context.explain`` (or DEBUG logging) the

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NamedTuple, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,12 +22,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from pointsman_picker.interfaces import SnapshotSource
 from pointsman_picker.routing import Completion, Routing
+from pointsman_picker.scheduling.contracts import RequestPlugin
+from pointsman_picker.scheduling.prefix_cache import PrefixCacheProducer
 
 # Upstream's buckets (GIE v1.5.0), its 32778 included.
 SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
@@ -420,3 +422,57 @@ class MetricsServer:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+
+class PrefixSyncState(Protocol):
+    """What :class:`PrefixIndexCollector` reads of the prefix index's Redis side."""
+
+    failures: int
+    published: int
+    learnt: int
+
+
+class PrefixIndexCollector(Collector):
+    """The prefix-cache index of the running profile, read at scrape time: its size (upstream's
+    ``inference_extension_prefix_indexer_size``), the blocks waiting to be announced, and the Redis
+    sync's counts (absent when the index is not shared)."""
+
+    def __init__(
+        self, plugins: Callable[[], Iterable[RequestPlugin]], sync: Callable[[], PrefixSyncState | None]
+    ) -> None:
+        self._plugins = plugins
+        self._sync = sync
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        producers = [p for p in self._plugins() if isinstance(p, PrefixCacheProducer)]
+        yield GaugeMetricFamily(
+            "inference_extension_prefix_indexer_size",
+            "(block, pod) entries of the prefix-cache index.",
+            value=sum(len(p.index) for p in producers),
+        )
+        yield GaugeMetricFamily(
+            "pointsman_picker_prefix_outbox_blocks",
+            "Blocks recorded by this picker and not yet announced to the others (waiting for Redis).",
+            value=sum(p.outbox() for p in producers),
+        )
+        sync = self._sync()
+        if sync is None:
+            return
+        yield CounterMetricFamily(
+            "pointsman_picker_prefix_sync_entries_published",
+            "Stream entries this picker appended to the shared prefix index.",
+            value=sync.published,
+        )
+        yield CounterMetricFamily(
+            "pointsman_picker_prefix_sync_announcements_learnt",
+            "Other pickers' announcements (one pod's blocks each) applied to this picker's index.",
+            value=sync.learnt,
+        )
+        yield GaugeMetricFamily(
+            "pointsman_picker_prefix_sync_failures",
+            "Sync rounds failed in a row (0 while Redis answers): the picker routes by its own index.",
+            value=sync.failures,
+        )

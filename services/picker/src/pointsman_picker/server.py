@@ -32,7 +32,14 @@ from pointsman_picker.extproc.stream import StreamSettings
 from pointsman_picker.h2grpc.config import Http2Config
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
-from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
+from pointsman_picker.metrics import (
+    MetricsServer,
+    PickerMetrics,
+    PrefixIndexCollector,
+    RuntimeCollector,
+    SnapshotCollector,
+)
+from pointsman_picker.prefix_sync import RedisPrefixSync
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.profiles import build_profile
@@ -69,7 +76,10 @@ class PickerApp:
         rng: random.Random,
         clock: Callable[[], float],
         tracing: Tracing | None = None,
+        share_prefix: bool = False,
     ) -> None:
+        """``share_prefix``: the prefix-cache index is shared with the other pickers through the
+        config's Redis (:mod:`~pointsman_picker.prefix_sync`)."""
         self.config = config
         self.source = source
         self.registry = registry
@@ -87,6 +97,14 @@ class PickerApp:
             tracer=self._route_tracer(tracing, clock),
         )
         registry.register(RuntimeCollector(open_streams=lambda: self.service.open_streams))
+        self.prefix_sync = (
+            RedisPrefixSync(
+                config.redis.target, RedisKeys(config.pool.name), self.director.request_plugins, clock=clock
+            )
+            if share_prefix
+            else None
+        )
+        registry.register(PrefixIndexCollector(self.director.request_plugins, lambda: self.prefix_sync))
         self.health = HealthBoard()
         # grpc.aio's servicer (the health port; ext_proc's port with picker.server grpcio) keeps a copy.
         self._grpc_health = health.aio.HealthServicer()
@@ -123,6 +141,7 @@ class PickerApp:
             profile=lambda: self.director.profile,
             snapshot_age=snapshot_age,
             objective_header=lambda: self.service.settings.objective_header,
+            parent_based=tracing.config.sampler.startswith("parentbased_"),
         )
 
     def _finished(self, routing: Routing) -> None:
@@ -137,6 +156,8 @@ class PickerApp:
         picker = self.config.picker
         await self._sync_health()
         await self.source.start()
+        if self.prefix_sync is not None:
+            await self.prefix_sync.start()
 
         if picker.server == "native":
             self._native = GrpcServer(
@@ -209,6 +230,8 @@ class PickerApp:
             await self._health_server.stop(None)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+        if self.prefix_sync is not None:
+            await self.prefix_sync.aclose()
         await self.source.aclose()
         if self.tracing is not None:  # the spans still queued go out (within tracing.exportTimeout)
             await asyncio.to_thread(self.tracing.shutdown)
@@ -277,9 +300,11 @@ def create_app(
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.time,
     tracing: Tracing | None = None,
+    share_prefix: bool | None = None,
 ) -> PickerApp:
     """The picker, its parts built from ``config`` where not given (``tracing``: from
-    ``config.tracing``, none when it is off)."""
+    ``config.tracing``, none when it is off); the prefix index is shared through Redis when the
+    snapshots come from Redis too (``share_prefix`` unset and no ``source`` given)."""
     registry = registry if registry is not None else CollectorRegistry()
     if tracing is None:
         tracing = build_tracing(config.tracing, "pointsman-picker", registry=registry)
@@ -290,6 +315,7 @@ def create_app(
         rng=rng or random.Random(),
         clock=clock,
         tracing=tracing,
+        share_prefix=source is None if share_prefix is None else share_prefix,
     )
 
 

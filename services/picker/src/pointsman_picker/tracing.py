@@ -20,7 +20,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from pointsman_picker.errors import NoCapacity, PickerError
 from pointsman_picker.routing import Routing
-from pointsman_shared.tracing import extract, trace_headers
+from pointsman_shared.tracing import extract, sampled_flag, trace_headers
 
 SPAN_NAME = "pointsman.picker.route"
 
@@ -90,8 +90,13 @@ class RouteTracer:
         profile: Callable[[], str],
         snapshot_age: Callable[[], float | None],
         objective_header: Callable[[], str],
+        parent_based: bool = True,
     ) -> None:
+        """``parent_based``: the provider's sampler follows a parent's sampled flag (the
+        ``parentbased_*`` samplers), so a request whose context says unsampled is left out here, before
+        any SDK object is made (half of an unsampled request's cost was parsing the context)."""
         self._tracer = tracer
+        self._parent_based = parent_based
         self.profile = profile
         self.snapshot_age = snapshot_age
         self._objective_header = objective_header
@@ -100,7 +105,15 @@ class RouteTracer:
         self, request_id: str, headers: Mapping[str, str], metadata: Iterable[tuple[bytes | str, bytes | str]]
     ) -> RouteSpan | None:
         """The request's span, or ``None`` when the sampler leaves it out."""
-        parent = extract(trace_headers(metadata), headers)
+        carriers = (trace_headers(metadata), headers)
+        if self._parent_based:
+            for carrier in carriers:  # the first valid context is the parent, as extract() takes it
+                flag = sampled_flag(carrier.get("traceparent"))
+                if flag is not None:
+                    if not flag:
+                        return None
+                    break
+        parent = extract(*carriers)
         span = self._tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.SERVER)
         if not span.is_recording():
             return None

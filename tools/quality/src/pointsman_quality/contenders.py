@@ -3,9 +3,14 @@
 Every contender is built fresh for each run from the scenario and a repeat index, as a fleet-driver router
 that also hears when each of its requests ends.
 
-- ``pointsman-*`` and ``gie-default`` run the picker's Director (:mod:`pointsman_quality.picker_path`)
-  with a Pointsman config: the scenario's ``pointsman`` fragment, the models its traffic names, then
-  the contender's own settings (``config/profiles/*.yaml`` for the documented ones).
+- ``pointsman-*``, ``gie-default`` and ``prefix-only`` run the picker's Director
+  (:mod:`pointsman_quality.picker_path`) with a Pointsman config: the scenario's ``pointsman``
+  fragment, the models its traffic names, then the contender's own settings (``config/profiles/*.yaml``
+  for the documented ones).
+- ``<one of those>-2-pickers`` runs two Directors of that config, each request sent to one at random
+  (as Envoy spreads them over picker replicas), each with its own prefix index;
+  ``<...>-2-pickers-shared`` shares the two indexes with the delay of the Redis sync
+  (:class:`~pointsman_quality.picker_path.TwoPickers`).
 - ``random``, ``round-robin`` (a Kubernetes Service, Envoy ``ROUND_ROBIN``), ``least-request`` (Envoy
   ``LEAST_REQUEST``: the fewer in-flight of two random pods, counted by the router itself) and
   ``shortest-queue`` (the fewest waiting in the 50 ms snapshot: a naive metrics router).
@@ -23,7 +28,7 @@ import yaml
 
 from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.scheduling.registry import PluginError
-from pointsman_quality.picker_path import DirectorRouter
+from pointsman_quality.picker_path import DirectorRouter, TwoPickers
 from pointsman_quality.scenario import Scenario, ScenarioError
 from pointsman_quality.workload import ModelMix
 from pointsman_shared.config import ConfigError, PointsmanConfig, parse_config
@@ -107,22 +112,44 @@ POINTSMAN: dict[str, dict[str, Any] | str] = {
     "pointsman-scorer": {"picker": {"profile": "scorer"}},
     "pointsman-scorer-no-recent": {"picker": {"profile": "scorer", "countAssignments": False}},
     "pointsman-best": "best.yaml",
+    "pointsman-best-prefix": "best-prefix.yaml",
     "gie-default": "gie-default.yaml",
+    "prefix-only": "prefix-only.yaml",
 }
+TWO_PICKERS, SHARED = "-2-pickers", "-2-pickers-shared"
+# Of these, two pickers with and without the shared prefix index (any Pointsman contender can be named so).
+REPLICATED = ("gie-default", "pointsman-best-prefix")
 
-NAMES = (*POINTSMAN, *BASELINES)
+NAMES = (
+    *POINTSMAN,
+    *(name + suffix for name in REPLICATED for suffix in (TWO_PICKERS, SHARED)),
+    *BASELINES,
+)
+
+
+def replicas(name: str) -> tuple[str, int, bool]:
+    """A contender name's Pointsman config, picker count and whether the prefix index is shared."""
+    for suffix, shared in ((SHARED, True), (TWO_PICKERS, False)):
+        base = name.removesuffix(suffix)
+        if base != name and base in POINTSMAN:
+            return base, 2, shared
+    return name, 1, False
 
 
 @dataclass(frozen=True, slots=True)
 class Contender:
     name: str
     config: PointsmanConfig | None  # None for the baselines
+    pickers: int = 1
+    shared: bool = False  # two pickers share their prefix indexes
 
     def router(self, scenario: Scenario, repeat: int) -> Router:
         # Every contender draws from the same stream: a name must not decide the luck of its draws.
         rng = random.Random(f"{scenario.seed}:{repeat}:router")
         if self.config is None:
             return BASELINES[self.name](rng)
+        if self.pickers == 2:
+            return TwoPickers(self.config, scenario.traffic.base_model, rng, shared=self.shared)
         return DirectorRouter(self.config, scenario.traffic.base_model, rng)
 
 
@@ -158,10 +185,11 @@ def contenders(scenario: Scenario, profiles_dir: Path, scenario_dir: Path | None
     wanted: list[tuple[str, str, dict[str, Any] | None]] = []
     for i, name in enumerate(scenario.contenders or NAMES):
         where = f"contenders[{i}]"
+        base_name = replicas(name)[0]
         if name in BASELINES:
             wanted.append((where, name, None))
-        elif name in POINTSMAN:
-            spec = POINTSMAN[name]
+        elif base_name in POINTSMAN:
+            spec = POINTSMAN[base_name]
             wanted.append((where, name, _read(profiles_dir / spec, where) if isinstance(spec, str) else spec))
         else:
             raise ScenarioError(where, [(where, f"unknown contender {name!r} (known: {', '.join(NAMES)})")])
@@ -183,7 +211,8 @@ def contenders(scenario: Scenario, profiles_dir: Path, scenario_dir: Path | None
             raise ScenarioError(where, [(f"{where} ({name}) {p}", m) for p, m in exc.problems]) from None
         except PluginError as exc:
             raise ScenarioError(where, [(f"{where} ({name}) {exc.path}", exc.message)]) from None
-        built.append(Contender(name, config))
+        _, pickers, shared = replicas(name)
+        built.append(Contender(name, config, pickers, shared))
     names = [c.name for c in built]
     if len(set(names)) != len(names):
         raise ScenarioError("contenders", [("contenders", "two contenders have the same name")])

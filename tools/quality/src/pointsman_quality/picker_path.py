@@ -5,6 +5,15 @@ the request ends, the configured profile), with the simulator's clock and a seed
 The fleet driver refreshes every pod's snapshot each 50 ms, as the collector publishes them; this
 router wraps each refresh in a :class:`~pointsman_shared.snapshot.PoolSnapshot` for an in-memory
 snapshot source. No Redis, no gRPC.
+
+A request's prompt text is what its token spans say (:func:`prompt_text`): requests that share a span
+share its text, so the picker's prefix index sees the prefixes the simulated pods cache. A request
+without spans shares nothing, so its text starts with its own number.
+
+:class:`TwoPickers` is two Directors behind one Envoy: each request goes to one of them at random. With
+``shared``, what one picker's prefix index records reaches the other's ``delay`` seconds later (an
+in-process stand-in for the Redis stream of :mod:`pointsman_picker.prefix_sync`, whose sync runs every
+50 ms: the default delay is that interval plus a round trip); without, each has its own index only.
 """
 
 from __future__ import annotations
@@ -12,13 +21,16 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.interfaces import NoMetrics
 from pointsman_picker.routing import Routing
+from pointsman_picker.scheduling.prefix_cache import Announcement, PrefixCacheProducer
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import Placement, TraceRequest
@@ -65,6 +77,7 @@ class DirectorRouter:
         self._index: dict[str, int] = {}
         self._routings: dict[int, Routing] = {}  # by id() of the trace request, while it runs
         self._bodies: dict[tuple[str | None, int], bytes] = {}
+        self._count = 0
         self.errors: dict[int, int] = {}  # HTTP status -> count
 
     def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | None:
@@ -72,7 +85,7 @@ class DirectorRouter:
         if self._snapshots.update(pods):
             self._index = {pod.address: i for i, pod in enumerate(pods)}
         try:
-            context = RequestContext(str(id(request)), self._body(request.adapter, request.prompt_tokens))
+            context = RequestContext(str(id(request)), self._body(request))
             routing = self.director.route(context)
         except PickerError as exc:
             self.errors[exc.status] = self.errors.get(exc.status, 0) + 1
@@ -87,15 +100,91 @@ class DirectorRouter:
         if routing is not None:
             self.director.release(routing)
 
-    def _body(self, model: str | None, prompt_tokens: int) -> bytes:
-        key = (model, prompt_tokens)
-        body = self._bodies.get(key)
-        if body is None:
-            body = self._bodies[key] = request_body(model or self._base, prompt_tokens)
-        return body
+    def _body(self, request: TraceRequest) -> bytes:
+        model = request.adapter or self._base
+        self._count += 1
+        return request_body(model, prompt_text(request, self._count))
+
+    def producers(self) -> list[PrefixCacheProducer]:
+        """The prefix indexes of the running profile (none when it weighs no prefix)."""
+        return [p for p in self.director.request_plugins() if isinstance(p, PrefixCacheProducer)]
 
 
-def request_body(model: str, prompt_tokens: int) -> bytes:
-    """The body a client would send: the prompt about four characters a token, as the simulator counts
-    them (so a picker that weighs prompts sees the sizes the pods will see)."""
-    return json.dumps({"model": model, "prompt": "x" * (4 * prompt_tokens), "max_tokens": 1}).encode()
+def prompt_text(request: TraceRequest, number: int) -> str:
+    """Four characters a token, as the simulator counts them: the text of the request's spans (each
+    span's seed spelt over and over), or, without spans, the request's ``number`` then filler."""
+    length = 4 * request.prompt_tokens
+    spans: Sequence[Any] = getattr(request, "tokens", ())
+    if not spans:
+        head = f"request {number}: "
+        return (head + "x" * length)[:length]
+    parts = []
+    for span in spans:
+        unit = f"<{span.seed:x}>"
+        size = 4 * span.length
+        parts.append((unit * (size // len(unit) + 1))[:size])
+    return "".join(parts)[:length]
+
+
+def request_body(model: str, prompt: str) -> bytes:
+    """The body a client would send (so a picker that weighs prompts sees the sizes the pods will see)."""
+    return json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()
+
+
+class TwoPickers:
+    """Two picker replicas behind one Envoy (module docstring)."""
+
+    def __init__(
+        self,
+        config: PointsmanConfig,
+        base_model: str,
+        rng: random.Random,
+        *,
+        shared: bool,
+        delay: float = 0.06,
+    ) -> None:
+        self._rng = rng
+        self.pickers = (
+            DirectorRouter(config, base_model, random.Random(rng.random())),
+            DirectorRouter(config, base_model, random.Random(rng.random())),
+        )
+        self._shared = shared
+        self._delay = delay
+        self._by_request: dict[int, DirectorRouter] = {}
+        # Per picker, what the other one announced: (due, announcements), oldest first.
+        self._inbound: tuple[deque[tuple[float, list[Announcement]]], ...] = (deque(), deque())
+
+    @property
+    def errors(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for picker in self.pickers:
+            for status, count in picker.errors.items():
+                out[status] = out.get(status, 0) + count
+        return out
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | None:
+        now = request.arrival
+        if self._shared:
+            self._deliver(now)
+        i = self._rng.randrange(2)
+        picker = self.pickers[i]
+        placement = picker(request, pods)
+        self._by_request[id(request)] = picker
+        if self._shared:
+            for producer in picker.producers():
+                sent = producer.drain(producer.outbox())
+                if sent:
+                    self._inbound[1 - i].append((now + self._delay, sent))
+        return placement
+
+    def _deliver(self, now: float) -> None:
+        for picker, inbound in zip(self.pickers, self._inbound, strict=True):
+            while inbound and inbound[0][0] <= now:
+                _, announcements = inbound.popleft()
+                for producer in picker.producers():
+                    producer.learn(announcements)
+
+    def finished(self, request: TraceRequest) -> None:
+        picker = self._by_request.pop(id(request), None)
+        if picker is not None:
+            picker.finished(request)

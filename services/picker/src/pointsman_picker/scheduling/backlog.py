@@ -3,7 +3,9 @@
 A leaky bucket per pod: each assignment adds its prompt tokens, and the level drains at
 ``tokens_per_second`` (how fast a pod computes prompts while it also decodes). Scrapes say how many
 requests wait, not how long their prompts are, and a long prompt takes several engine steps, so this is
-counted apart from the scraped numbers and outlives them. Pure: time comes in as arguments.
+counted apart from the scraped numbers and outlives them. With a prefix index in the profile, only the
+share of the prompt the pod probably lacks in its prefix cache is counted. Pure: time comes in as
+arguments.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from pointsman_picker.scheduling.contracts import RequestPlugin, Ticket
+from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH
 from pointsman_picker.scheduling.prompt import estimate_prompt_tokens
 from pointsman_picker.scheduling.types import CycleState, DataKey, Pods, SchedulingRequest
 
@@ -39,7 +42,13 @@ class PrefillBacklog(RequestPlugin):
         return pods
 
     def picked(self, ticket: Ticket, request: SchedulingRequest, state: CycleState) -> None:
-        self.record(ticket.address, state.get(PROMPT_TOKENS, 0), ticket.at)
+        tokens = state.get(PROMPT_TOKENS, 0)
+        match = state.get(PREFIX_MATCH)
+        if match is not None and match.hashes:
+            # The pod computes only what its prefix cache lacks (when the profile keeps a prefix index;
+            # read after every plugin prepared, so no ordering is needed).
+            tokens = round(tokens * (1 - match.matched.get(ticket.address, 0) / len(match.hashes)))
+        self.record(ticket.address, tokens, ticket.at)
 
     def record(self, address: str, tokens: int, now: float) -> None:
         if tokens <= 0:

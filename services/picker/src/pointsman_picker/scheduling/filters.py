@@ -1,4 +1,4 @@
-"""The filters: the #423 tree's (spec §5) and the `best` profile's.
+"""The filters: the #423 tree's (spec §5), the `best` profile's and upstream's prefix-cache affinity.
 
 Each reads the pods through their facts (:func:`~pointsman_picker.scheduling.indexed.facts_of`), so
 the same body serves a pool's pods, which carry their facts, and any other tuple of pods.
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
-from pointsman_picker.scheduling.backlog import PENDING_PREFILL
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
+from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
 
@@ -169,6 +170,69 @@ class LeastWork(Filter):
         # field costs twice the pass.
         costs = [
             per_pending_token * pending.get(pod.address, 0.0)
+            + per_running * pod.running
+            + per_kv_cache * pod.kv_cache_usage
+            + per_waiting * pod.waiting
+            for pod in pods
+        ]
+        limit = min(costs) + self.tolerance
+        return facts_of(pods).select(pods, [cost <= limit for cost in costs])
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheAffinity(Filter):
+    """Upstream's ``prefix-cache-affinity-filter``: the pods holding at least ``threshold`` of the
+    prompt's blocks; all of them when none does, or, with probability ``exploration``, anyway (so other
+    pods get to cache the prefix too). Upstream's latency-prediction gate is left out (Pointsman has no
+    latency predictor): put the filter where load has been bounded already (after the queue filters)."""
+
+    type_name: ClassVar[str] = "prefix-cache-affinity-filter"
+    consumes = (PREFIX_MATCH,)
+    threshold: float
+    exploration: float
+
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
+        hashes, matched, _ = state[PREFIX_MATCH]
+        if len(pods) <= 1 or not matched or self.threshold <= 0:
+            return pods
+        if self.exploration > 0 and rng.random() < self.exploration:
+            return pods
+        least = self.threshold * len(hashes)
+        sticky = tuple(pod for pod in pods if matched.get(pod.address, 0) >= least)
+        return sticky or pods
+
+
+@dataclass(frozen=True, slots=True)
+class LeastWorkWithPrefix(Filter):
+    """:class:`LeastWork` that also counts the request's own prefill on each pod: the prompt tokens the
+    pod does not hold in its prefix cache (``PROMPT_TOKENS`` times the share of blocks it probably
+    lacks, from ``PREFIX_MATCH``) at ``per_pending_token`` each. A pod holding most of a long prompt
+    saves that much of the request's time to first token, so prefix affinity is weighed in the same
+    unit as the pods' load, not as a score beside it."""
+
+    type_name: ClassVar[str] = "least-work-prefix-filter"
+    consumes = (PENDING_PREFILL, PROMPT_TOKENS, PREFIX_MATCH)
+    per_pending_token: float
+    per_running: float
+    per_kv_cache: float
+    per_waiting: float
+    tolerance: float
+
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
+        if len(pods) < 2:
+            return pods
+        pending = state.read(PENDING_PREFILL, NO_PENDING)
+        hashes, matched, _ = state[PREFIX_MATCH]
+        prompt = state.read(PROMPT_TOKENS, 0)
+        per_pending_token, per_running = self.per_pending_token, self.per_running
+        per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
+        # The prefill every pod would do without a hit; a hit takes its share of the blocks off.
+        own = per_pending_token * prompt
+        per_block = own / len(hashes) if hashes else 0.0
+        costs = [
+            per_pending_token * pending.get(pod.address, 0.0)
+            + own
+            - per_block * matched.get(pod.address, 0)
             + per_running * pod.running
             + per_kv_cache * pod.kv_cache_usage
             + per_waiting * pod.waiting

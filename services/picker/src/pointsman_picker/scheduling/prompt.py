@@ -1,7 +1,9 @@
-"""What plugins read of a request's prompt: its length in tokens, estimated from the body's text."""
+"""What plugins read of a request's prompt: its length in tokens, estimated from the body's text, and its
+bytes in the order a prefix cache sees them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,3 +31,18 @@ def estimate_prompt_tokens(doc: Mapping[str, Any]) -> int:
                     if isinstance(text, str):
                         chars += len(text)
     return chars // CHARS_PER_TOKEN
+
+
+def prompt_bytes(doc: Mapping[str, Any]) -> bytes:
+    """The bytes a prefix cache would see first, as upstream's prefix plugin reads them: a completions
+    ``prompt`` (strings joined), else the chat ``messages`` serialized as compact JSON (the server's
+    chat template puts them first in the same order); ``b""`` when the body has neither."""
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return prompt.encode()
+    if isinstance(prompt, list):
+        return "".join(p for p in prompt if isinstance(p, str)).encode()
+    messages = doc.get("messages")
+    if isinstance(messages, list) and messages:
+        return json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode()
+    return b""

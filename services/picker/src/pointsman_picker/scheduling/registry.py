@@ -25,13 +25,27 @@ from pointsman_picker.scheduling.filters import (
     LeastKvCache,
     LeastQueuing,
     LeastWork,
+    LeastWorkWithPrefix,
     LoraSoftAffinity,
     LoraSpreadAffinity,
     LowQueueing,
+    PrefixCacheAffinity,
 )
 from pointsman_picker.scheduling.pickers import MaxScorePicker, RandomPicker
+from pointsman_picker.scheduling.prefix_cache import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_CAPACITY,
+    DEFAULT_MAX_BLOCKS,
+    PREFIX_MATCH,
+    PrefixCacheProducer,
+)
 from pointsman_picker.scheduling.recent_targets import DEFAULT_WINDOW, RECENT_TARGETS, RecentTargets
-from pointsman_picker.scheduling.scorers import KvCacheScorer, LoraAffinityScorer, QueueScorer
+from pointsman_picker.scheduling.scorers import (
+    KvCacheScorer,
+    LoraAffinityScorer,
+    PrefixCacheScorer,
+    QueueScorer,
+)
 from pointsman_picker.scheduling.tree import DROP_SHEDDABLE, Node
 from pointsman_picker.scheduling.types import DataKey, Drop
 from pointsman_shared.config import PointsmanConfig, SchedulingConfig
@@ -68,6 +82,18 @@ DEFAULT_PER_PENDING_TOKEN = 1000.0 / 29_000.0
 DEFAULT_PER_RUNNING = 0.04
 DEFAULT_PER_KV_CACHE = 26_500 * 16 * 4.7e-5
 DEFAULT_WORK_TOLERANCE = 1.0
+# least-work-filter's and least-work-prefix-filter's parameters, in their fields' order.
+WORK_PARAMETERS: dict[str, Any] = {
+    "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
+    "perRunning": DEFAULT_PER_RUNNING,
+    "perKvCache": DEFAULT_PER_KV_CACHE,
+    "perWaiting": 0.0,
+    "tolerance": DEFAULT_WORK_TOLERANCE,
+}
+
+
+def _work(p: Mapping[str, Any]) -> tuple[float, ...]:
+    return tuple(float(p[key]) for key in WORK_PARAMETERS)
 
 
 def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
@@ -86,22 +112,8 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         ),
         LeastQueuing.type_name: ({}, lambda p: LeastQueuing()),
         LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
-        LeastWork.type_name: (
-            {
-                "perPendingToken": DEFAULT_PER_PENDING_TOKEN,
-                "perRunning": DEFAULT_PER_RUNNING,
-                "perKvCache": DEFAULT_PER_KV_CACHE,
-                "perWaiting": 0.0,
-                "tolerance": DEFAULT_WORK_TOLERANCE,
-            },
-            lambda p: LeastWork(
-                float(p["perPendingToken"]),
-                float(p["perRunning"]),
-                float(p["perKvCache"]),
-                float(p["perWaiting"]),
-                float(p["tolerance"]),
-            ),
-        ),
+        LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
+        LeastWorkWithPrefix.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWorkWithPrefix(*_work(p))),
         LoraSpreadAffinity.type_name: (
             {
                 "threshold": config.lora_affinity_threshold,
@@ -120,13 +132,46 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
             {"threshold": config.lora_affinity_threshold},
             lambda p: LoraSoftAffinity(float(p["threshold"])),
         ),
+        PrefixCacheAffinity.type_name: (
+            {"affinityThreshold": 0.8, "explorationProbability": 0.01},
+            lambda p: PrefixCacheAffinity(float(p["affinityThreshold"]), float(p["explorationProbability"])),
+        ),
     }
+
+
+# The prefix index's parameters, upstream's names of every release: hashBlockSize (v1.0) and blockSize
+# (v1.1-v1.3) are characters, blockSizeTokens (v1.4 on) tokens; autoTune from v1.2. Upstream reads them
+# from prefix-cache-scorer's parameters (v1.5 on also from approx-prefix-cache-producer's).
+PREFIX_PARAMETERS: dict[str, Any] = {
+    "autoTune": True,
+    "blockSizeTokens": DEFAULT_BLOCK_TOKENS,
+    "blockSize": 0,
+    "hashBlockSize": 0,
+    "maxPrefixBlocksToMatch": DEFAULT_MAX_BLOCKS,
+    "maxPrefixTokensToMatch": 0,
+    "lruCapacityPerServer": DEFAULT_CAPACITY,
+}
+
+
+def _prefix_producer(p: Mapping[str, Any]) -> PrefixCacheProducer:
+    if not isinstance(p["autoTune"], bool):
+        raise ValueError(f"autoTune must be true or false, not {p['autoTune']!r}")
+    return PrefixCacheProducer(
+        auto_tune=p["autoTune"],
+        block_tokens=int(p["blockSizeTokens"]),
+        block_chars=int(p["hashBlockSize"] or p["blockSize"]),
+        max_blocks=int(p["maxPrefixBlocksToMatch"]),
+        max_tokens=int(p["maxPrefixTokensToMatch"]),
+        capacity=int(p["lruCapacityPerServer"]),
+    )
 
 
 SCORER_TYPES: PluginTypes[Scorer] = {
     QueueScorer.type_name: ({}, lambda p: QueueScorer()),
     KvCacheScorer.type_name: ({}, lambda p: KvCacheScorer()),
     LoraAffinityScorer.type_name: ({}, lambda p: LoraAffinityScorer()),
+    # Its parameters are the index's (PREFIX_PARAMETERS): the producer is made from them.
+    PrefixCacheScorer.type_name: (PREFIX_PARAMETERS, lambda p: (_prefix_producer(p), PrefixCacheScorer())[1]),
 }
 PICKER_TYPES: PluginTypes[Picker] = {
     RandomPicker.type_name: ({}, lambda p: RandomPicker()),
@@ -143,20 +188,31 @@ REQUEST_TYPES: PluginTypes[RequestPlugin] = {
         lambda p: PrefillBacklog(float(p["tokensPerSecond"])),
     ),
     RecentTargets.type_name: ({"window": DEFAULT_WINDOW}, lambda p: RecentTargets(float(p["window"]))),
+    PrefixCacheProducer.type_name: (PREFIX_PARAMETERS, _prefix_producer),
 }
+# Request plugins a config may declare in ``plugins`` (to set their parameters): made where consumed.
+DECLARED_REQUEST_TYPES = (PrefixCacheProducer.type_name,)
 PRODUCERS: dict[DataKey[Any], str] = {
     PENDING_PREFILL: PrefillBacklog.type_name,
     PROMPT_TOKENS: PrefillBacklog.type_name,
     RECENT_TARGETS: RecentTargets.type_name,
+    PREFIX_MATCH: PrefixCacheProducer.type_name,
 }
 
 
 def request_plugin_params(config: PointsmanConfig) -> dict[str, dict[str, Any]]:
-    """The parameters of the request plugins the director adds, from the config's ``picker``."""
-    return {
+    """The parameters of the request plugins the director adds, from the config's ``picker``, and the
+    prefix index's from the first ``prefix-cache-scorer`` or ``approx-prefix-cache-producer`` that has
+    any (as upstream: one index per picker)."""
+    params: dict[str, dict[str, Any]] = {
         RecentAssignments.type_name: {"horizon": config.picker.max_staleness},
         PrefillBacklog.type_name: {"tokensPerSecond": config.picker.prefill_tokens_per_second},
     }
+    for plugin in config.plugins:
+        if plugin.type in (PrefixCacheScorer.type_name, PrefixCacheProducer.type_name) and plugin.parameters:
+            params[PrefixCacheProducer.type_name] = dict(plugin.parameters)
+            break
+    return params
 
 
 def build_request_plugin(kind: str, params: Mapping[str, Mapping[str, Any]], reuse: Reuse) -> RequestPlugin:
@@ -199,7 +255,10 @@ def _make(
     kept = reuse.get(spec) if reuse else None
     if kept is not None:
         return kept  # type: ignore[return-value]  # a plugin of this type, by its spec
-    plugin = factory(values)
+    try:
+        plugin = factory(values)
+    except ValueError as exc:  # a value the plugin refuses
+        raise PluginError(f"{path}.parameters", str(exc)) from None
     if isinstance(plugin, RequestPlugin):
         plugin.spec = spec
     return plugin
@@ -224,11 +283,16 @@ def build_plugins(
             plugins[name] = Plugin(name, scorer=_make(SCORER_TYPES, kind, path, params, reuse))
         elif kind in PICKER_TYPES:
             plugins[name] = Plugin(name, picker=_make(PICKER_TYPES, kind, path, params, reuse))
+        elif kind in DECLARED_REQUEST_TYPES:
+            _make(REQUEST_TYPES, kind, path, params)  # checked here, made where consumed
+            plugins[name] = Plugin(name)
         elif kind == DECISION_TREE:
             _params(f"{path}.parameters", params, {"tree": None})
             trees.append((i, name, params))
         else:
-            known = ", ".join([*filters, *SCORER_TYPES, *PICKER_TYPES, DECISION_TREE])
+            known = ", ".join(
+                [*filters, *SCORER_TYPES, *PICKER_TYPES, *DECLARED_REQUEST_TYPES, DECISION_TREE]
+            )
             raise PluginError(f"{path}.type", f"unknown plugin type {kind!r} (known: {known})")
     for i, name, params in trees:
         root = _tree(f"plugins[{i}].parameters.tree", params.get("tree"), plugins)

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from pointsman_picker.scheduling.contracts import Scorer
 from pointsman_picker.scheduling.indexed import facts_of
+from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH
 from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
 
 
@@ -55,3 +56,19 @@ class LoraAffinityScorer(Scorer):
             else:
                 scores.append(0.0)
         return scores
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheScorer(Scorer):
+    """The share of the prompt's blocks the pod probably holds in its prefix cache (upstream's: matched
+    blocks / total blocks); 0 for every pod when the prompt is shorter than a block."""
+
+    type_name: ClassVar[str] = "prefix-cache-scorer"
+    consumes = (PREFIX_MATCH,)
+
+    def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState) -> list[float]:
+        hashes, matched, _ = state[PREFIX_MATCH]
+        if not hashes or not matched:
+            return [0.0] * len(pods)
+        total = len(hashes)
+        return [matched.get(pod.address, 0) / total for pod in pods]

@@ -1,0 +1,160 @@
+"""Which pods probably hold which prompt blocks in their prefix cache: upstream's approximate prefix
+index, one bounded LRU per pod and a map from block hash to the pods that have it.
+
+A block hash (:func:`block_hashes`) is an xxhash64 chain over the prompt's bytes in blocks of
+``block_chars`` characters, seeded by the target model and the request's ``cache_salt``, so block
+``i``'s hash names blocks ``0..i`` too: two prompts share block ``i``'s hash only when they share
+their first ``i + 1`` blocks (a LoRA adapter never shares a base model's blocks, as in vLLM). Upstream
+appends the previous hash to the block; passing it as xxhash's seed chains the same way for a third
+less CPU (the hashes never leave Pointsman). Only full blocks are hashed, as vLLM caches only full
+blocks.
+
+The LRU of a pod keeps, per block it holds, the time the block was last announced to the other
+pickers (see :mod:`~pointsman_picker.scheduling.prefix_cache`). Pure: time comes in as arguments.
+
+Memory: one entry is one (block, pod) pair: an ``OrderedDict`` item (hash and time) in the pod's LRU
+and the block's owner (one address, or a set of them when several pods hold it): 174 bytes an entry in
+CPython 3.11 (``bench/decision_cost.py --prefix`` measures it). The index holds at most ``pods x
+capacity`` entries: 1,000 pods at upstream's 31,250 blocks each is 31 M entries, 5.4 GB, once as many
+distinct blocks were sent to every pod; a pool that large wants ``lruCapacityPerServer`` lowered (2,000
+blocks a pod, 128 K tokens of prompts: 350 MB per 1,000 pods).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+import xxhash
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+def block_hashes(model: str, salt: str, data: bytes, block_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """The hash of each full ``block_chars`` block of ``data``'s first ``max_blocks`` blocks; hash
+    ``i`` is xxhash64 of block ``i`` seeded with hash ``i - 1``, hash ``-1`` being xxhash64 of
+    ``model`` and ``salt``."""
+    if block_chars <= 0 or max_blocks <= 0 or len(data) < block_chars:
+        return ()
+    previous = _xxh64((model + salt).encode())
+    out = []
+    end = min(len(data) // block_chars, max_blocks) * block_chars
+    for start in range(0, end, block_chars):
+        previous = _xxh64(data[start : start + block_chars], previous)
+        out.append(previous)
+    return tuple(out)
+
+
+class PrefixIndex:
+    def __init__(self) -> None:
+        self._lrus: dict[str, OrderedDict[int, float]] = {}
+        self._capacity: dict[str, int] = {}
+        # The pods holding each block: one pod's address as it is (most blocks are on one pod, and a
+        # set of one costs 216 bytes), a set of them once two hold it.
+        self._owners: dict[int, str | set[str]] = {}
+
+    def __len__(self) -> int:
+        """The (block, pod) entries held."""
+        return sum(len(lru) for lru in self._lrus.values())
+
+    def pods(self) -> list[str]:
+        return list(self._lrus)
+
+    def match(self, hashes: Iterable[int]) -> dict[str, int]:
+        """Per pod, how many of ``hashes`` it holds, counted from the first block up to the first block
+        no pod holds (longest prefix first, as upstream)."""
+        counts: dict[str, int] = {}
+        owners = self._owners
+        for h in hashes:
+            pods = owners.get(h)
+            if pods is None:
+                break
+            if type(pods) is str:
+                counts[pods] = counts.get(pods, 0) + 1
+            else:
+                for pod in pods:
+                    counts[pod] = counts.get(pod, 0) + 1
+        return counts
+
+    def add(self, pod: str, hashes: Iterable[int], capacity: int, now: float, fresh: float) -> list[int]:
+        """Record that ``pod`` holds ``hashes`` (its LRU holding at most ``capacity``, the least recently
+        added going first); return those it did not hold, or last announced before ``now - fresh``,
+        stamped ``now``: what to announce."""
+        lru = self._lrus.get(pod)
+        if lru is None:
+            lru = self._lrus[pod] = OrderedDict()
+        self._capacity[pod] = capacity
+        owners = self._owners
+        announce = []
+        stale = now - fresh
+        for h in hashes:
+            at = lru.get(h)
+            if at is None:
+                _own(owners, h, pod)
+            else:
+                lru.move_to_end(h)
+                if at > stale:
+                    continue
+            lru[h] = now
+            announce.append(h)
+        self._trim(pod, lru, capacity)
+        return announce
+
+    def learn(self, pod: str, hashes: Iterable[int], at: float, capacity: int) -> None:
+        """Record what another picker announced: ``pod`` holds ``hashes`` as of ``at`` (most recent
+        last); a block this index already holds is only moved up its pod's LRU."""
+        lru = self._lrus.get(pod)
+        if lru is None:
+            lru = self._lrus[pod] = OrderedDict()
+            self._capacity[pod] = capacity
+        owners = self._owners
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                if lru[h] < at:
+                    lru[h] = at
+                continue
+            lru[h] = at
+            _own(owners, h, pod)
+        self._trim(pod, lru, self._capacity[pod])
+
+    def _trim(self, pod: str, lru: OrderedDict[int, float], capacity: int) -> None:
+        owners = self._owners
+        while len(lru) > capacity:
+            old, _ = lru.popitem(last=False)
+            _disown(owners, old, pod)
+
+    def remove(self, pod: str) -> None:
+        """Forget ``pod`` (it left the pool)."""
+        lru = self._lrus.pop(pod, None)
+        self._capacity.pop(pod, None)
+        if lru is None:
+            return
+        owners = self._owners
+        for h in lru:
+            _disown(owners, h, pod)
+
+    def entries(self, pod: str) -> Iterator[tuple[int, float]]:
+        """``pod``'s blocks and their times, least recent first."""
+        return iter(list(self._lrus.get(pod, {}).items()))
+
+
+def _own(owners: dict[int, str | set[str]], h: int, pod: str) -> None:
+    pods = owners.get(h)
+    if pods is None:
+        owners[h] = pod
+    elif type(pods) is str:
+        if pods != pod:
+            owners[h] = {pods, pod}
+    else:
+        pods.add(pod)  # type: ignore[union-attr]  # a set: the str case is above
+
+
+def _disown(owners: dict[int, str | set[str]], h: int, pod: str) -> None:
+    pods = owners[h]
+    if type(pods) is str:
+        del owners[h]  # a pod's LRU holds only blocks the pod owns
+        return
+    pods.discard(pod)  # type: ignore[union-attr]
+    if len(pods) == 1:
+        owners[h] = next(iter(pods))

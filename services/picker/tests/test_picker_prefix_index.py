@@ -1,0 +1,100 @@
+"""The prefix index: upstream's hash chain, longest-prefix matching, per-pod LRU bounds, what is
+announced, what another picker's announcements do, and pods leaving."""
+
+from __future__ import annotations
+
+import pytest
+import xxhash
+
+from pointsman_picker.scheduling.prefix_index import PrefixIndex, block_hashes
+
+
+def chain(model: str, blocks: list[bytes]) -> tuple[int, ...]:
+    """The chain written out: hash(block i, seed = hash(i - 1)), hash(-1) = hash(model)."""
+    out, previous = [], xxhash.xxh64_intdigest(model.encode())
+    for block in blocks:
+        previous = xxhash.xxh64_intdigest(block, previous)
+        out.append(previous)
+    return tuple(out)
+
+
+@pytest.mark.parametrize(
+    ("data", "block", "most", "blocks"),
+    [
+        (b"a" * 64, 64, 256, [b"a" * 64]),
+        (b"a" * 63, 64, 256, []),  # shorter than a block: nothing to match
+        (b"a" * 64 + b"b" * 64 + b"c" * 10, 64, 256, [b"a" * 64, b"b" * 64]),  # only full blocks
+        (b"a" * 64 + b"b" * 64, 64, 1, [b"a" * 64]),  # at most max_blocks
+        (b"abcdefgh", 4, 256, [b"abcd", b"efgh"]),
+        (b"abcd", 0, 256, []),
+    ],
+)
+def test_block_hashes_are_a_chain_over_full_blocks(data, block, most, blocks):
+    assert block_hashes("m", "", data, block, most) == chain("m", blocks)
+
+
+def test_the_model_and_the_salt_seed_the_chain():
+    data = b"x" * 128
+    base = block_hashes("base", "", data, 64, 256)
+    assert block_hashes("adapter", "", data, 64, 256) != base
+    assert block_hashes("base", "s", data, 64, 256) != base
+    assert block_hashes("base", "s", data, 64, 256) == chain("bases", [b"x" * 64] * 2)  # model then salt
+    assert block_hashes("base", "", data, 64, 256) == base  # deterministic
+
+
+@pytest.mark.parametrize(
+    ("held", "query", "matched"),
+    [
+        ({"a": [1, 2, 3]}, [1, 2, 3, 4], {"a": 3}),
+        ({"a": [1, 2], "b": [1]}, [1, 2, 3], {"a": 2, "b": 1}),
+        ({"a": [2, 3]}, [1, 2, 3], {}),  # the first block held by nobody ends the match
+        ({"a": [1, 3]}, [1, 2, 3], {"a": 1}),
+        ({}, [1], {}),
+    ],
+)
+def test_match_counts_the_longest_prefix(held, query, matched):
+    index = PrefixIndex()
+    for pod, hashes in held.items():
+        index.add(pod, hashes, 100, 0.0, 60.0)
+    assert index.match(query) == matched
+
+
+def test_each_pod_keeps_its_capacity_least_recent_first_out():
+    index = PrefixIndex()
+    index.add("a", [1, 2, 3], 3, 0.0, 60.0)
+    index.add("a", [1], 3, 1.0, 60.0)  # 1 used again: 2 is now the least recent
+    index.add("a", [4], 3, 2.0, 60.0)
+    assert [h for h, _ in index.entries("a")] == [3, 1, 4]
+    assert index.match([2]) == {}
+    assert index.match([1]) == {"a": 1}
+    assert len(index) == 3
+
+
+def test_add_returns_what_to_announce():
+    index = PrefixIndex()
+    assert index.add("a", [1, 2], 10, 0.0, 60.0) == [1, 2]
+    assert index.add("a", [1, 2, 3], 10, 30.0, 60.0) == [3]  # only the new block
+    assert index.add("a", [1, 2, 3], 10, 61.0, 60.0) == [1, 2]  # announced over a minute ago: again
+    assert index.add("b", [1], 10, 61.0, 60.0) == [1]  # another pod holds it anew
+
+
+def test_learn_adds_without_announcing_and_keeps_the_newest_time():
+    index = PrefixIndex()
+    index.learn("a", [1, 2], 5.0, 10)
+    assert index.match([1, 2]) == {"a": 2}
+    index.learn("a", [1], 3.0, 10)  # older news does not make it older
+    assert dict(index.entries("a")) == {2: 5.0, 1: 5.0}
+    assert index.add("a", [1, 2], 10, 6.0, 60.0) == []  # announced by another picker: nothing new
+    index.learn("a", [3, 4, 5, 6, 7, 8, 9, 10, 11], 7.0, 10)
+    assert len(index) == 10  # the capacity holds for learnt blocks too
+
+
+def test_remove_forgets_a_pod_and_its_blocks():
+    index = PrefixIndex()
+    index.add("a", [1, 2], 10, 0.0, 60.0)
+    index.add("b", [1], 10, 0.0, 60.0)
+    index.remove("a")
+    index.remove("gone")
+    assert index.match([1, 2]) == {"b": 1}
+    assert index.pods() == ["b"]
+    assert len(index) == 1
