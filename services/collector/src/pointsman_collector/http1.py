@@ -140,6 +140,7 @@ class ResponseParser:
         # land in memory that is already there.
         self._buffer = bytearray(initial_buffer)
         self._view = memoryview(self._buffer)
+        self._max_buffer = max(limits.max_head, limits.max_chunk_line + limits.max_body + 4)
         self._size = 0  # bytes of the buffer received
         self._pos = 0  # where the bytes not parsed yet start
         self._eof = False
@@ -190,7 +191,9 @@ class ResponseParser:
     def _make_room(self) -> None:
         unread = self._size - self._pos
         length = len(self._buffer)
-        if 2 * unread > length:
+        # Doubled while it is smaller than what one state may leave unread: a long body then comes in
+        # reads as large as the socket has, not in reads of what a small buffer has left.
+        if length < self._max_buffer or 2 * unread > length:
             length *= 2
         # A new buffer, not a move in place: the event loop may still hold a view of the old one.
         buffer = bytearray(length)
