@@ -70,13 +70,15 @@ test: lint test-unit test-integration ## lint + unit + integration tests
 
 FUZZ_SECONDS ?= 60
 FUZZ_CORPUS ?= /tmp/pointsman-fuzz
-FUZZ_TARGETS := frames hpack body
+FUZZ_TARGETS := frames hpack body http1
 .PHONY: fuzz
-fuzz: install ## atheris on the native server's frame, HPACK and body parsers, FUZZ_SECONDS (60) each; crashes land in FUZZ_CORPUS
-	@# A crash file goes in bench/fuzz/crashes/ named TARGET-what (the unit tests replay each).
+fuzz: install ## atheris on the native server's frame, HPACK and body parsers and the collector's HTTP/1.1 parser, FUZZ_SECONDS (60) each; crashes land in FUZZ_CORPUS
+	@# A crash file goes in bench/fuzz/crashes/ named TARGET-what (the unit tests replay each); a
+	@# target's seeds, if any, are in bench/fuzz/seeds/TARGET (read, never written).
 	@for target in $(FUZZ_TARGETS); do \
+		seeds=$(CURDIR)/bench/fuzz/seeds/$$target; [ -d $$seeds ] || seeds=; \
 		mkdir -p $(FUZZ_CORPUS)/$$target && cd $(FUZZ_CORPUS) && \
-		$(CURDIR)/$(BIN)/python $(CURDIR)/bench/fuzz/targets.py $$target $(FUZZ_CORPUS)/$$target \
+		$(CURDIR)/$(BIN)/python $(CURDIR)/bench/fuzz/targets.py $$target $(FUZZ_CORPUS)/$$target $$seeds \
 			-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 || exit 1; \
 		cd $(CURDIR); \
 	done

@@ -1,10 +1,13 @@
 """Coverage-guided fuzz targets (atheris) for the native gRPC server's parsers: the frame decoder (the
 sans-IO protocol fed arbitrary bytes after a valid preface), the HPACK decoder, and the gRPC
-message/body parser (DATA payloads on an open stream).
+message/body parser (DATA payloads on an open stream); and for the collector's HTTP/1.1 response
+parser (``http1``: a byte stream of responses).
 
 Each target's contract: any input ends in a clean answer; the only exception allowed out of the
 HPACK decoder is ``H2ConnectionError``; the protocol never raises, never logs "unexpected error"
-(a bug turned into GOAWAY INTERNAL_ERROR fails the target too), and keeps its bounds.
+(a bug turned into GOAWAY INTERNAL_ERROR fails the target too), and keeps its bounds. The HTTP/1.1
+parser raises nothing but ``ResponseError``, reads the same events and the same error from the stream
+whole and cut into reads, and keeps its bounds.
 
     .venv/bin/python bench/fuzz/targets.py frames -max_total_time=60      # one target, libFuzzer flags
     make fuzz FUZZ_SECONDS=60                                             # every target in turn
@@ -22,9 +25,11 @@ from collections.abc import Callable
 if __name__ == "__main__":  # instrument the server's modules as they load, and only those
     import atheris
 
-    with atheris.instrument_imports(include=["pointsman_picker.h2grpc"]):
+    with atheris.instrument_imports(include=["pointsman_picker.h2grpc", "pointsman_collector.http1"]):
+        import pointsman_collector.http1  # noqa: F401
         import pointsman_picker.h2grpc.protocol  # noqa: F401
 
+from pointsman_collector import http1 as h1
 from pointsman_picker.h2grpc import wire
 from pointsman_picker.h2grpc.calls import ServerStream
 from pointsman_picker.h2grpc.limits import Limits
@@ -116,7 +121,62 @@ def body(data: bytes) -> None:
         _check(protocol)
 
 
-TARGETS: dict[str, Callable[[bytes], None]] = {"frames": frames, "hpack": hpack, "body": body}
+# Small, so that inputs of a few hundred bytes reach every limit.
+HTTP1_LIMITS = h1.Limits(max_head=512, max_field_line=128, max_fields=8, max_body=1024, max_chunk_line=64)
+
+
+def http1_outcome(reads: list[bytes], limits: h1.Limits = HTTP1_LIMITS, *, eof: bool = True) -> list[object]:
+    """What a parser reads from ``reads`` (then the end of the stream): its events, each in turn as far
+    as the bytes so far go, and the error, if any, as ``("error", detail, too_large)``."""
+    parser = h1.ResponseParser(limits, initial_buffer=64)  # small: the buffer grows and drops what was read
+    # What one state may leave unread after a NEED_DATA: a head (or the trailers), or one chunk's line,
+    # data and CRLF.
+    bound = max(limits.max_head, limits.max_chunk_line + limits.max_body + 4)
+    events: list[object] = []
+
+    def drain() -> None:
+        while (event := parser.next_event()) is not h1.NEED_DATA:
+            events.append(event)
+            if event is h1.CLOSED:
+                return
+        assert parser.buffered <= bound, (parser.buffered, bound)
+
+    try:
+        for data in reads:
+            parser.receive_data(data)
+            drain()
+        if eof:
+            parser.receive_eof()
+            drain()
+    except h1.ResponseError as exc:
+        events.append(("error", exc.detail, exc.too_large))
+    return events
+
+
+def http1(data: bytes) -> None:
+    """A stream of responses, read whole and in reads of the size the first byte says: the same events
+    and error either way, and no body over the limit."""
+    step = max(data[0], 1) if data else 1
+    stream = data[1:]
+    whole = http1_outcome([stream])
+    assert http1_outcome([stream[at : at + step] for at in range(0, len(stream), step)]) == whole
+    for event in whole:
+        assert not isinstance(event, h1.Response) or len(event.body) <= HTTP1_LIMITS.max_body
+    # The one-pass head parser and the line-by-line one agree on the first head.
+    end = stream.find(b"\r\n\r\n")
+    if end >= 0:
+        head = stream[: end + 4]
+        assert _head_outcome(h1._parse_head, head) == _head_outcome(h1._parse_head_by_line, head)
+
+
+def _head_outcome(parse: Callable[[bytes, h1.Limits], h1.Head], head: bytes) -> object:
+    try:
+        return parse(head, HTTP1_LIMITS)
+    except h1.ResponseError as exc:
+        return exc.detail
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {"frames": frames, "hpack": hpack, "body": body, "http1": http1}
 
 
 def run(target: str, data: bytes) -> None:

@@ -15,17 +15,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pointsman_collector.assembly import bind_listener, create_collector
-from pointsman_collector.httpclient import DEFAULT_MAX_BODY, MAX_HEAD
+from pointsman_collector.http1 import Limits
 from pointsman_shared.config import parse_config
 from pointsman_shared.snapshot import PoolSnapshot
 from pointsman_testkit import eventually
 
 PAGE = b"vllm:num_requests_waiting 7\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.25\n"
 TIMEOUT = 0.3  # collector.timeout here: the deadline for connect and the whole response
-# What a hostile pod can push on one connection before the collector drops it: the caps (head, body, the
-# chunk framing a body may carry) and what the kernel's socket buffers on both ends hold, generously
+# What a hostile pod can push on one connection before the collector drops it: the caps (a head, a chunked
+# body's bytes with their framing) and what the kernel's socket buffers on both ends hold, generously
 # (loopback buffers grow to a few MB).
-SENT_BOUND = MAX_HEAD + 2 * DEFAULT_MAX_BODY + 16 * 1024 * 1024
+SENT_BOUND = Limits().max_head + 2 * Limits().max_body + 16 * 1024 * 1024
 Behaviour = Callable[["HostilePod", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 

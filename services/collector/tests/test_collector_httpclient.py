@@ -99,6 +99,12 @@ async def test_pages_larger_than_the_buffer_then_smaller_ones_come_whole(
         ({"raw": b"HTTP/1.1 200 OK\r\nContent-"}, "protocol"),
         ({"raw": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc"}, "protocol"),
         ({"raw": CHUNKED + (b"1;" + b"e" * 4000 + b"\r\nx\r\n") * 20}, "too_large"),
+        ({"raw": CHUNKED + b"0x3\r\nabc\r\n0\r\n\r\n"}, "protocol"),
+        (
+            {"raw": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+            "protocol",
+        ),
+        ({"raw": b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"}, "protocol"),
     ],
     ids=[
         "500",
@@ -116,7 +122,10 @@ async def test_pages_larger_than_the_buffer_then_smaller_ones_come_whole(
         "header without colon",
         "head cut short",
         "two content-lengths",
-        "chunks in long extensions over the buffer's cap",
+        "chunks in long extensions: more framing than twice the body cap",
+        "a chunk size int() reads but HTTP does not",
+        "transfer-encoding with content-length",
+        "bare LF line ends",
     ],
 )
 async def test_failures_have_a_reason_and_the_next_request_reconnects(
@@ -188,8 +197,8 @@ async def test_sends_one_plain_get_with_the_host_header() -> None:
 
 
 async def test_bytes_nobody_asked_for_drop_the_idle_connection_before_they_fill_memory() -> None:
-    # A server that keeps sending after its response: the buffer stops at its cap (MAX_HEAD and twice
-    # max_body) and the next request goes out on a fresh connection.
+    # A server that keeps sending after its response: bytes nobody asked for drop the connection at
+    # once, and the next request goes out on a fresh one.
     flooded = asyncio.Event()
     connections = 0
 

@@ -2,10 +2,11 @@
 
 :func:`create_collector` builds the graph a ``pointsman-collector`` process runs: the target sources and
 their union, the scrape loops and the publisher (:class:`~pointsman_collector.loop.Collector`), the Redis
-sink (and the replicas' membership with ``collector.sharing``), the metrics and the HTTP surface. Every
-I/O part can be passed in instead (the Redis client or the sink, the target sources, the scrapers, the
-clock, the listening socket), so tests run the whole collector in-process. ``__main__`` parses arguments,
-sets up logging and signals, runs the :class:`CollectorService` and maps failures to exit codes.
+sink (and the replicas' membership when the :class:`~pointsman_collector.topology.Topology` says the
+pool is shared), the metrics and the HTTP surface. Every I/O part can be passed in instead (the Redis
+client or the sink, the target sources, the scrapers, the clock, the listening socket), so tests run the
+whole collector in-process. ``__main__`` parses arguments, sets up logging and signals, runs the
+:class:`CollectorService` and maps failures to exit codes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pointsman_collector.scrape import Scraper
 from pointsman_collector.sharing import Membership, ShardSink, Share
 from pointsman_collector.sink import RedisSnapshotSink, SnapshotSink, redis_client
 from pointsman_collector.targets import FileTargets, Sources, StaticTargets, TargetSource
+from pointsman_collector.topology import Topology
 from pointsman_shared.aio import wait_event
 from pointsman_shared.config import PointsmanConfig, split_host_port
 from pointsman_shared.keys import RedisKeys
@@ -97,15 +99,23 @@ def create_collector(
     settings = config.collector
     if cluster is None and targets is None:
         cluster = config_cluster_watch(config, environ)
+    topology = Topology.of(
+        settings,
+        # A replica's name in the pool's member set: unique per process, readable in logs.
+        me=me or f"{socket.gethostname()}-{os.getpid()}",
+        redis_given=redis is not None,
+        sink_given=sink is not None,
+        publishes_cluster=cluster is not None,
+    )
     owned_redis: RedisClient | None = None
-    if redis is None and (sink is None or settings.sharing or cluster is not None):
+    if topology.opens_redis:
         redis = owned_redis = redis_client(config.redis.target)
-    # A replica's name in the pool's member set: unique per process, readable in logs.
-    me = me or f"{socket.gethostname()}-{os.getpid()}"
     if sink is None:
         assert redis is not None
-        if settings.sharing:
-            sink = ShardSink(redis, keys, me=me, ttl=settings.snapshot_ttl, staleness=settings.staleness)
+        if topology.shared:
+            sink = ShardSink(
+                redis, keys, me=topology.me, ttl=settings.snapshot_ttl, staleness=settings.staleness
+            )
         else:
             sink = RedisSnapshotSink(redis, keys, ttl=settings.snapshot_ttl)
     collector = Collector.from_config(
@@ -116,22 +126,16 @@ def create_collector(
         clock=clock,
         tracer=tracing.tracer("pointsman_collector") if tracing is not None else None,
     )
-    union = Sources()
-    sharing: _Sharing | None = None
-    if settings.sharing:
+    share = Share(topology.me, collector.set_targets)
+    membership: Membership | None = None
+    if topology.shared:
         assert redis is not None
-        share = Share(me, collector.set_targets)
-        membership = Membership(redis, keys, me=me, lease=settings.lease_ttl, on_members=share.set_members)
-        sharing = _Sharing(share, membership)
-        registry.register(
-            ShareCollector(
-                config.pool.name, owned=lambda: len(share.owned), replicas=lambda: len(share.members)
-            )
+        membership = Membership(
+            redis, keys, me=topology.me, lease=settings.lease_ttl, on_members=share.set_members
         )
-    else:
-        registry.register(
-            ShareCollector(config.pool.name, owned=lambda: len(union.endpoints), replicas=lambda: 1)
-        )
+    registry.register(
+        ShareCollector(config.pool.name, owned=lambda: len(share.owned), replicas=lambda: len(share.members))
+    )
     publisher: _ClusterPublisher | None = None
     if cluster is not None:
         assert redis is not None
@@ -157,8 +161,9 @@ def create_collector(
         collector=collector,
         registry=registry,
         sources=sources,
-        union=union,
-        sharing=sharing,
+        union=Sources(),
+        share=share,
+        membership=membership,
         server=server,
         listen=listen,
         owned_redis=owned_redis,
@@ -235,12 +240,6 @@ class _ClusterPublisher:
     sink: ClusterSink
 
 
-@dataclasses.dataclass(frozen=True)
-class _Sharing:
-    share: Share
-    membership: Membership
-
-
 class CollectorService:
     """An assembled collector: :meth:`start` it (or ``async with``), :meth:`run` it until told to stop,
     :meth:`aclose` it. Made by :func:`create_collector`."""
@@ -252,7 +251,8 @@ class CollectorService:
         registry: CollectorRegistry,
         sources: Sequence[TargetSource],
         union: Sources,
-        sharing: _Sharing | None,
+        share: Share,
+        membership: Membership | None,
         server: uvicorn.Server,
         listen: socket.socket,
         owned_redis: RedisClient | None,
@@ -264,7 +264,8 @@ class CollectorService:
         self.registry = registry
         self._sources = sources
         self._union = union
-        self._sharing = sharing
+        self._share = share  # this replica's part of the union's endpoints: all of them when alone
+        self._membership = membership  # when shared
         self._server = server
         self._listen = listen
         self._owned_redis = owned_redis
@@ -292,17 +293,15 @@ class CollectorService:
             if self._cluster is not None:
                 self._tasks.append(asyncio.create_task(self._cluster.watch.run(), name="cluster objects"))
                 self._tasks.append(asyncio.create_task(self._cluster.sink.run(), name="cluster publish"))
-            if self._sharing is not None:
-                share, membership = self._sharing.share, self._sharing.membership
+            share, membership = self._share, self._membership
+            if membership is not None:
                 with contextlib.suppress(RedisError, OSError):
                     share.set_members(await membership.renew())  # start with this replica's share, not all
-                share.set_endpoints(self._union.endpoints)
-                self.collector.start(share.owned)
-                self._union.connect(share.set_endpoints)
+            share.set_endpoints(self._union.endpoints)
+            self.collector.start(share.owned)
+            self._union.connect(share.set_endpoints)
+            if membership is not None:
                 self._tasks.append(asyncio.create_task(membership.run(), name="membership"))
-            else:
-                self.collector.start(self._union.endpoints)
-                self._union.connect(self.collector.set_targets)
             self._http = asyncio.create_task(self._server.serve(sockets=[self._listen]), name="http")
         except BaseException:
             await self.aclose()

@@ -1,5 +1,5 @@
 """A minimal HTTP/1.1 GET client for scraping: one keep-alive connection per pod, an asyncio
-BufferedProtocol.
+BufferedProtocol driving the sans-IO parser of :mod:`pointsman_collector.http1`.
 
 Why not aiohttp or httpx: a scrape is one fixed GET to one host, 20 times a second, for hundreds of pods.
 A protocol parsing one buffer costs less than asyncio streams (no future per read), which cost about
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
 
 from pointsman_collector.errors import (
@@ -25,17 +24,13 @@ from pointsman_collector.errors import (
     ScrapeTimeout,
     TooLargeError,
 )
+from pointsman_collector.http1 import CLOSED, NEED_DATA, Head, Limits, Response, ResponseError, ResponseParser
 from pointsman_shared.config import join_host_port
 
-# vLLM pages are 15-80 KB; a page far larger is a misconfigured target, not a model server.
-DEFAULT_MAX_BODY = 4 * 1024 * 1024
-MAX_HEAD = 64 * 1024
-MAX_CHUNK_LINE = 4096
-# Each connection keeps its receive buffer (doubled when a response does not fit), so after the first
-# scrape the socket reads straight into memory that is already there.
+DEFAULT_MAX_BODY = Limits().max_body
+# Each connection's parser keeps its receive buffer (doubled when a response does not fit), so after the
+# first scrape the socket reads straight into memory that is already there.
 INITIAL_BUFFER = 64 * 1024
-_HEAD_END = b"\r\n\r\n"
-_CRLF = b"\r\n"
 
 
 class _StaleConnection(Exception):
@@ -66,7 +61,7 @@ class HttpClient:
         self._host = host
         self._port = port
         self._timeout = timeout
-        self._max_body = max_body
+        self._limits = Limits(max_body=max_body)
         self._request = (
             f"GET {path} HTTP/1.1\r\nHost: {join_host_port(host, port)}\r\n"
             "User-Agent: pointsman-collector\r\nAccept: text/plain\r\n\r\n"
@@ -121,7 +116,7 @@ class HttpClient:
         assert self._loop is not None
         try:
             _, connection = await self._loop.create_connection(
-                lambda: _Connection(self._max_body), self._host, self._port
+                lambda: _Connection(self._limits), self._host, self._port
             )
         except OSError as exc:
             error = ConnectError(f"{join_host_port(self._host, self._port)}: {exc.strerror or exc}")
@@ -179,44 +174,24 @@ class HttpClient:
             connection.abort()  # a broken exchange has nothing worth flushing
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    body: bytes
-    content_type: bytes | None  # as sent, lower-cased; None when the server sent none
-    keep_alive: bool
-
-
 class _Connection(asyncio.BufferedProtocol):
-    """One TCP connection: sends a request and reads its response as the bytes arrive.
+    """One TCP connection: sends a request and hands its bytes to a sans-IO parser as they arrive.
 
-    A protocol instead of asyncio streams: the response is parsed straight from one buffer, with no
-    per-read futures, which halves the cost of an exchange. A buffered protocol: the event loop reads
-    into this connection's own buffer, so a 50 KB page is copied once (into the body) instead of four
-    times (into a read's bytes, the growing buffer, a slice of it and the body), and the buffer is not
-    allocated again for every response.
+    A protocol instead of asyncio streams: no per-read futures, which halves the cost of an exchange.
+    A buffered protocol: the event loop reads into the parser's own buffer, so a 50 KB page is copied
+    once (into the body) instead of four times (into a read's bytes, a growing buffer, a slice of it
+    and the body), and the buffer is not allocated again for every response.
     """
 
-    def __init__(self, max_body: int) -> None:
-        self._max_body = max_body
-        # What the receive buffer may hold: a head and a body, with room for the body's chunk framing.
-        self._max_buffer = MAX_HEAD + 2 * max_body
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._parser = ResponseParser(limits, initial_buffer=INITIAL_BUFFER)
         # Kept: asyncio.get_running_loop() makes a getpid() system call each time.
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray(INITIAL_BUFFER)
-        self._view = memoryview(self._buffer)
-        self._size = 0  # bytes of the buffer received; what lies beyond is left from earlier responses
-        self._raw_head = b""  # the last head parsed, and what it said: servers repeat theirs
-        self._parsed_head: _Head | None = None
         self._reply: Reply | None = None  # who gets the response being read, if any
         self._reused = False
-        self._eof = False
         self._closed: asyncio.Future[None] | None = None
-        self._head: _Head | None = None
-        self._body_start = 0
-        self._chunks: list[bytes] = []
-        self._chunk_pos = 0  # where the next chunk-size line starts
-        self._chunked_total = 0
         self.open = False
 
     # asyncio.Protocol
@@ -227,26 +202,18 @@ class _Connection(asyncio.BufferedProtocol):
         self.open = True
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._size == len(self._buffer):
-            # A new buffer, not a resize: the event loop may still hold a view of the old one.
-            self._buffer = bytearray(2 * len(self._buffer))
-            self._buffer[: self._size] = self._view
-            self._view = memoryview(self._buffer)
-        return self._view[self._size :]
+        return self._parser.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._size += nbytes
-        if self._size > self._max_buffer:
-            # More than a response may take: bytes nobody asked for (on an idle connection, or after a
-            # response), or a body in tiny chunks with long extensions. The buffer grows no further.
-            self._fail(TooLargeError(self._max_body))
-            self.abort()  # idle, no one to tell: the next request finds the connection closed
-            return
+        self._parser.buffer_updated(nbytes)
         if self._reply is not None:
             self._advance()
+        else:
+            # Bytes nobody asked for, on an idle connection: they would be read as the next answer.
+            self.abort()
 
     def eof_received(self) -> bool:
-        self._eof = True
+        self._parser.receive_eof()
         self.open = False
         if self._reply is not None:
             self._advance()
@@ -254,11 +221,11 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
-        self._eof = True
         if self._reply is not None:
-            if exc is not None and not (self._reused and not self._size):
+            if exc is not None and not (self._reused and self._parser.between_responses):
                 self._fail(HttpProtocolError(f"connection failed: {_describe(exc)}"))
             else:
+                self._parser.receive_eof()
                 self._advance()
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
@@ -270,13 +237,8 @@ class _Connection(asyncio.BufferedProtocol):
         assert self._transport is not None
         self._reply = reply
         self._reused = reused
-        self._head = None
-        self._chunks = []
-        self._chunked_total = 0
         # The request is ~100 bytes: it never fills the transport buffer, so flow control is moot.
         self._transport.write(data)
-        if self._size or self._eof:
-            self._advance()  # the server sent something unasked, or had already hung up
 
     def abort(self) -> None:
         self.open = False
@@ -294,22 +256,39 @@ class _Connection(asyncio.BufferedProtocol):
         if self._closed is not None:
             await self._closed
 
-    # parsing
+    # reading
 
     def _advance(self) -> None:
+        parser = self._parser
         try:
-            response = self._parse()
-        except FetchError as exc:
-            self._fail(exc)
+            event = parser.next_event()
+            if isinstance(event, Head):
+                if event.status != 200:
+                    self._fail(HttpStatusError(event.status))
+                    return
+                event = parser.next_event()
+        except ResponseError as exc:
+            self._fail(self._fetch_error(exc))
             return
-        except _StaleConnection as exc:
-            self._fail(exc)
+        if event is NEED_DATA:
             return
-        if response is not None:
-            reply, self._reply = self._reply, None
-            self._size = 0
-            if reply is not None:
-                reply(response)
+        if event is CLOSED:
+            self._fail(
+                _StaleConnection()
+                if self._reused
+                else HttpProtocolError("connection closed before the response head ended")
+            )
+            return
+        assert isinstance(event, Response)
+        reply, self._reply = self._reply, None
+        if parser.buffered:
+            self.close()  # bytes after the answer, unasked: the next answer could not be told from them
+        if reply is not None:
+            reply(event)
+
+    def _fetch_error(self, exc: ResponseError) -> FetchError:
+        """The parser's one error as the collector's: the body's size is a reason of its own."""
+        return TooLargeError(self._limits.max_body) if exc.too_large else HttpProtocolError(exc.detail)
 
     def _fail(self, exc: FetchError | _StaleConnection) -> None:
         reply, self._reply = self._reply, None
@@ -317,130 +296,6 @@ class _Connection(asyncio.BufferedProtocol):
         if reply is not None:
             reply(exc)
 
-    def _parse(self) -> Response | None:
-        size = self._size
-        head = self._head
-        if head is None:
-            end = self._buffer.find(_HEAD_END, 0, size)
-            if end < 0:
-                if size > MAX_HEAD:
-                    raise HttpProtocolError("response head too large")
-                if self._eof:
-                    if self._reused and not size:
-                        raise _StaleConnection
-                    raise HttpProtocolError("connection closed before the response head ended")
-                return None
-            raw = bytes(self._view[: end + 4])
-            if raw != self._raw_head or self._parsed_head is None:
-                self._raw_head, self._parsed_head = raw, _parse_head(raw)
-            head = self._head = self._parsed_head
-            if head.status != 200:
-                raise HttpStatusError(head.status)
-            if head.length is not None and head.length > self._max_body:
-                raise TooLargeError(self._max_body)
-            self._body_start = self._chunk_pos = end + 4
-        if head.chunked:
-            return self._parse_chunked(head)
-        if head.length is not None:
-            if size - self._body_start >= head.length:
-                body = bytes(self._view[self._body_start : self._body_start + head.length])
-                return Response(body, head.content_type, head.keep_alive)
-        elif size - self._body_start > self._max_body:
-            raise TooLargeError(self._max_body)
-        elif self._eof:
-            return Response(bytes(self._view[self._body_start : size]), head.content_type, keep_alive=False)
-        if self._eof:
-            raise HttpProtocolError("connection closed mid-body")
-        return None
-
-    def _parse_chunked(self, head: _Head) -> Response | None:
-        buffer = self._buffer
-        filled = self._size
-        pos = self._chunk_pos
-        while True:
-            line_end = buffer.find(_CRLF, pos, filled)
-            if line_end < 0:
-                if filled - pos > MAX_CHUNK_LINE:
-                    raise HttpProtocolError("chunk header too long")
-                break
-            size_line = bytes(buffer[pos:line_end])
-            try:
-                size = int(size_line.split(b";", 1)[0], 16)  # a chunk extension may follow ';'
-            except ValueError:
-                raise HttpProtocolError(f"bad chunk size line {size_line[:40]!r}") from None
-            if size < 0:
-                raise HttpProtocolError("negative chunk size")
-            if size == 0:
-                # Trailer fields (nothing here needs them) end with an empty line.
-                if (
-                    buffer.startswith(_CRLF, line_end + 2, filled)
-                    or buffer.find(_HEAD_END, line_end, filled) >= 0
-                ):
-                    body = b"".join(self._chunks)
-                    return Response(body, head.content_type, head.keep_alive)
-                break
-            self._chunked_total += size
-            if self._chunked_total > self._max_body:
-                raise TooLargeError(self._max_body)
-            data_end = line_end + 2 + size
-            if filled < data_end + 2:
-                self._chunked_total -= size  # counted again when the chunk is complete
-                break
-            if buffer[data_end : data_end + 2] != _CRLF:
-                raise HttpProtocolError("chunk not followed by CRLF")
-            self._chunks.append(bytes(self._view[line_end + 2 : data_end]))
-            pos = data_end + 2
-        self._chunk_pos = pos
-        if self._eof:
-            raise HttpProtocolError("connection closed mid-body")
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class _Head:
-    status: int
-    length: int | None
-    chunked: bool
-    keep_alive: bool
-    content_type: bytes | None
-
 
 def _describe(exc: BaseException) -> str:
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
-
-
-def _parse_head(head: bytes) -> _Head:
-    lines = head[:-4].split(_CRLF)
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[1].isdigit():
-        raise HttpProtocolError(f"bad status line {lines[0][:60]!r}")
-    keep_alive = parts[0] == b"HTTP/1.1"
-    length: int | None = None
-    coding: bytes | None = None
-    content_type: bytes | None = None
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            raise HttpProtocolError(f"bad header line {line[:60]!r}")
-        name = name.strip().lower()
-        if name == b"content-length":
-            value = value.strip()
-            if not value.isdigit() or (length is not None and int(value) != length):
-                raise HttpProtocolError(f"bad Content-Length {value[:20]!r}")  # or one unlike the one before
-            length = int(value)
-        elif name == b"content-type":
-            content_type = value.strip().lower()
-        elif name == b"transfer-encoding":
-            coding = value.strip().lower()
-        elif name == b"connection":
-            tokens = value.lower()
-            if b"close" in tokens:
-                keep_alive = False
-            elif b"keep-alive" in tokens:
-                keep_alive = True
-    # RFC 9112 §6.3: Transfer-Encoding overrides Content-Length; a body whose last coding is not
-    # chunked runs until the connection closes.
-    chunked = coding is not None and coding.endswith(b"chunked")
-    if coding is not None:
-        length = None
-    return _Head(int(parts[1]), length, chunked, keep_alive, content_type)

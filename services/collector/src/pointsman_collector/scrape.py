@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pointsman_collector.errors import FetchError, PageError
-from pointsman_collector.httpclient import DEFAULT_MAX_BODY, HttpClient, Response
+from pointsman_collector.http1 import Response
+from pointsman_collector.httpclient import DEFAULT_MAX_BODY, HttpClient
 from pointsman_shared.config import split_host_port
 from pointsman_shared.model_server import MetricNames, MetricsPageError, PageMetrics, read_page
 
