@@ -234,6 +234,8 @@ class PodMetrics:
                 _sample("vllm:num_requests_waiting", m, load.waiting),
                 self._kv_header,
                 _sample(self._kv_name, m, load.kv_cache_usage),
+                # Where vLLM registers them: right after the KV gauge.
+                self._prefix_cache(totals),
                 self.lora_info.render(),
                 _header("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
                 _sample("vllm:prompt_tokens_total", m, totals.prompt_tokens),
@@ -252,7 +254,6 @@ class PodMetrics:
                 self.ttft.render(),
                 self.itl.render(),
                 self.e2e.render(),
-                self._prefix_cache(totals),
                 _header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig"),
                 _sample("vllm:cache_config_info", self._cache_config, 1),
             )
