@@ -4,7 +4,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pointsman_sim.prefix import Span, block_hashes, span_tokens, spans_block_hashes, tokenize
+from pointsman_sim.prefix import (
+    Span,
+    block_hashes,
+    prompt_text,
+    span_text,
+    span_tokens,
+    spans_block_hashes,
+    tokenize,
+)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +69,13 @@ SPANS = st.lists(st.builds(Span, st.integers(0, 5), st.integers(0, 50)), max_siz
 def test_spans_hash_as_their_ids_would(spans: tuple[Span, ...], adapter: str | None) -> None:
     ids = [t for span in spans for t in span_tokens(span)]
     assert spans_block_hashes(spans, adapter, 16) == block_hashes(ids, adapter, 16)
+
+
+def test_span_text_is_four_letters_a_token_and_shares_prefixes_as_the_spans_do() -> None:
+    system, a, b = Span(1, 100), Span(2, 20), Span(3, 20)
+    one, two = prompt_text((system, a), 120), prompt_text((system, b), 120)
+    assert len(one) == 480
+    assert len(tokenize(one)) == 120  # the simulator counts the text as the spans' tokens
+    assert one[:400] == two[:400]
+    assert one[400:] != two[400:]
+    assert prompt_text((system, a), 100) == span_text(system)  # only the prompt: the rest is output

@@ -31,6 +31,7 @@ from pointsman_quality.picker_path import DirectorRouter, request_body
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import Placement, TraceRequest
+from pointsman_sim.prefix import Span, prompt_text
 
 DEST = "x-gateway-destination-endpoint"
 POOL = "quality-pool"
@@ -284,3 +285,11 @@ async def test_the_live_picker_decides_as_the_virtual_path(profile, server):
     assert not mismatches, (
         f"{len(mismatches)} decisions differ, first (index, virtual, live): {mismatches[0]}"
     )
+
+
+def test_a_request_with_spans_sends_its_prompt_to_the_picker() -> None:
+    router = DirectorRouter(quality_config("default"), "base", random.Random(1))
+    spans = (Span(1, 64), Span(2, 16))
+    body = json.loads(router._body(TraceRequest(0.0, 80, 8, None, spans)))
+    assert body["prompt"] == prompt_text(spans, 80)
+    assert json.loads(router._body(TraceRequest(0.0, 80, 8, None)))["prompt"] == "x" * 320

@@ -12,6 +12,8 @@ Pure: no I/O, no clock, no randomness from the world.
   span is ``length`` ids drawn from its ``seed``, so a system prompt shared by a group of requests is
   the same span at the head of each one's tokens, and a conversation's next turn repeats its earlier
   turns' spans.
+  :func:`span_text` spells a span as text of 4 letters a token, for a client (or a picker) that
+  needs the prompt itself.
 - **Block hashes** (:func:`block_hashes`): one hash per full block of ``block_size`` tokens, each over
   the previous block's hash, the block's ids and the adapter (vLLM's ``hash_block_tokens`` with the
   LoRA name among the extra keys), so a block matches only after the same prefix for the same adapter:
@@ -58,6 +60,28 @@ def span_tokens(span: Span) -> tuple[int, ...]:
     """The ids of ``span`` (kept for the spans used most: a shared system prompt is drawn once)."""
     draw = random.Random(span.seed).randrange
     return tuple(draw(_VOCABULARY) for _ in range(span.length))
+
+
+@lru_cache(maxsize=4096)
+def span_text(span: Span) -> str:
+    """Text standing for ``span``: 4 letters a token (each id in base 26), so a client that sends it
+    sends a prompt the stand-in tokenizer counts as ``span.length`` tokens, and texts share prefixes
+    exactly where the spans do."""
+    return "".join(_word(token) for token in span_tokens(span))
+
+
+def prompt_text(spans: tuple[Span, ...], prompt_tokens: int) -> str:
+    """The text of the first ``prompt_tokens`` tokens of ``spans`` (the prompt; the rest is output)."""
+    text = "".join(span_text(span) for span in spans)
+    return text[: CHARS_PER_TOKEN * prompt_tokens]
+
+
+def _word(token: int) -> str:
+    letters = []
+    for _ in range(CHARS_PER_TOKEN):
+        token, digit = divmod(token, 26)
+        letters.append(chr(97 + digit))
+    return "".join(letters)
 
 
 def block_hashes(tokens: Sequence[int], adapter: str | None, block_size: int) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from pointsman_picker.routing import Routing
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import Placement, TraceRequest
+from pointsman_sim.prefix import prompt_text
 
 
 class FleetSnapshots:
@@ -72,7 +73,7 @@ class DirectorRouter:
         if self._snapshots.update(pods):
             self._index = {pod.address: i for i, pod in enumerate(pods)}
         try:
-            context = RequestContext(str(id(request)), self._body(request.adapter, request.prompt_tokens))
+            context = RequestContext(str(id(request)), self._body(request))
             routing = self.director.route(context)
         except PickerError as exc:
             self.errors[exc.status] = self.errors.get(exc.status, 0) + 1
@@ -87,15 +88,24 @@ class DirectorRouter:
         if routing is not None:
             self.director.release(routing)
 
-    def _body(self, model: str | None, prompt_tokens: int) -> bytes:
-        key = (model, prompt_tokens)
+    def _body(self, request: TraceRequest) -> bytes:
+        model = request.adapter or self._base
+        if request.tokens:
+            # The prompt itself, so a picker that reads prompts (prefix affinity) sees what is shared;
+            # not kept, as most prompts are sent once.
+            return request_body(
+                model, request.prompt_tokens, prompt_text(request.tokens, request.prompt_tokens)
+            )
+        key = (request.adapter, request.prompt_tokens)
         body = self._bodies.get(key)
         if body is None:
-            body = self._bodies[key] = request_body(model or self._base, prompt_tokens)
+            body = self._bodies[key] = request_body(model, request.prompt_tokens)
         return body
 
 
-def request_body(model: str, prompt_tokens: int) -> bytes:
+def request_body(model: str, prompt_tokens: int, prompt: str | None = None) -> bytes:
     """The body a client would send: the prompt about four characters a token, as the simulator counts
-    them (so a picker that weighs prompts sees the sizes the pods will see)."""
-    return json.dumps({"model": model, "prompt": "x" * (4 * prompt_tokens), "max_tokens": 1}).encode()
+    them (so a picker that weighs prompts sees the sizes the pods will see); ``prompt`` when the trace
+    spells it."""
+    text = "x" * (4 * prompt_tokens) if prompt is None else prompt
+    return json.dumps({"model": model, "prompt": text, "max_tokens": 1}).encode()
