@@ -19,6 +19,10 @@ $(STAMP): requirements/runtime.txt requirements/dev.txt $(foreach p,$(PACKAGES),
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# --no-deps + pip check: the lock must name every package, so nothing unpinned slips in.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/dev.txt
+	@# xds-protos ships an older copy of opentelemetry/proto/...: whichever installs last owns the files,
+	@# so opentelemetry-proto (the OTLP exporters' and the test receiver's) goes in again, last.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+		$$(grep '^opentelemetry-proto==' requirements/runtime.txt)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation $(foreach p,$(PACKAGES),-e $(p))
 	$(BIN)/python -m pip check
 	touch $(STAMP)
@@ -77,7 +81,7 @@ fuzz: install ## atheris on the native server's frame, HPACK and body parsers, F
 		cd $(CURDIR); \
 	done
 
-bench: install ## run the benchmarks (results in bench/results/)
+bench: install ## only the in-process cost of one decision: schedule, director, ext_proc stream (bench/results/decision_cost.json); the others are bench-*
 	$(BIN)/python bench/decision_cost.py
 
 .PHONY: soak
@@ -125,6 +129,21 @@ bench-live: install $(BENCH_VENV)/.installed $(PERF_VENV)/.installed ## the scen
 
 sim-calibration: install ## the simulator's profiles against the published vLLM figures, check by check
 	$(BIN)/python -m pointsman_sim.calibration
+
+# The chart's files/ are copies (a chart cannot read outside its folder, and symlinks break where a
+# checkout has none): DEST=SOURCE, and a deploy test fails while a copy differs from its source.
+CHART := deploy/helm/pointsman
+CHART_FILES := \
+	files/dashboards=deploy/grafana/dashboards \
+	files/gateway-ca.yaml=deploy/k8s/components/picker-mtls/gateway-ca.yaml \
+	files/picker-certificate.yaml=deploy/k8s/base/picker-certificate.yaml \
+	files/picker-tls-proxy-mtls.yaml=deploy/k8s/components/picker-mtls/picker-tls-proxy.yaml \
+	files/picker-tls-proxy.yaml=deploy/k8s/base/picker-tls-proxy.yaml
+.PHONY: chart-files
+chart-files: ## copy the dashboards and manifests the Helm chart ships into its files/ (after editing them)
+	@for pair in $(CHART_FILES); do \
+		dest=$(CHART)/$${pair%%=*}; src=$${pair#*=}; rm -rf $$dest; cp -R $$src $$dest; echo "$$dest <- $$src"; \
+	done
 
 up: ## docker compose: build the images, start the whole stack, wait until every service is healthy
 	docker compose up --build --detach --wait

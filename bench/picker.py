@@ -237,7 +237,11 @@ def _hcm(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def front_bootstrap(
-    pickers: Sequence[int], *, responses: bool, body_mode: str = envoy.EnvoyOptions.request_body_mode
+    pickers: Sequence[int],
+    *,
+    responses: bool,
+    body_mode: str = envoy.EnvoyOptions.request_body_mode,
+    tracing: envoy.EnvoyTracing | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
     request would cost Envoy more than some of what is measured); returns it and its gateway port."""
@@ -248,6 +252,7 @@ def front_bootstrap(
         pickers=tuple(f"{HOST}:{p}" for p in pickers),
         response_processing=responses,
         request_body_mode=body_mode,
+        tracing=tracing,
     )
     doc = envoy.bootstrap(options)
     _hcm(doc).pop("access_log")
@@ -300,10 +305,15 @@ class Pickers:
             self.stop()
             raise
 
-    def start_picker(self, name: str, server: str) -> tuple[ManagedProcess, int]:
-        """A picker with ``picker.server: server`` on fresh ports; returns it and its ext_proc port."""
+    def start_picker(
+        self, name: str, server: str, tracing: dict[str, Any] | None = None
+    ) -> tuple[ManagedProcess, int]:
+        """A picker with ``picker.server: server`` (and the ``tracing`` section) on fresh ports; returns
+        it and its ext_proc port."""
         ext_proc, health, metrics = free_port(), free_port(), free_port()
         doc = derive_config(self.config, self.ports, self.redis.url, HOST)
+        if tracing is not None:
+            doc["tracing"] = tracing
         doc["picker"].update(
             listen=f"{HOST}:{ext_proc}",
             healthListen=f"{HOST}:{health}",
@@ -620,6 +630,75 @@ class Bench:
             stack.stop_picker(second)
             stack.stop_picker(first)
 
+    # -- tracing: the same picker with tracing off and on, side by side ----------------------------
+    def tracing(self, stack: Pickers, server: str, rounds: int = 2) -> dict[str, Any]:
+        """Off and on (every request sampled, exported over OTLP/gRPC to a receiver in a process of its
+        own) in turns, ``rounds`` times: Envoy sending requests only, closed loop and fixed rate."""
+        receiver = subprocess.Popen(
+            [sys.executable, "-m", "pointsman_testkit.otlp"], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert receiver.stdout is not None
+            grpc_port = int(receiver.stdout.readline().split()[1])
+            on = {"enabled": True, "endpoint": f"http://{HOST}:{grpc_port}", "sampler": "always_on"}
+            runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+            for _ in range(rounds):
+                for mode, section in (("off", None), ("on", on)):
+                    runs[mode].append(self._traced_run(stack, server, mode, section))
+        finally:
+            receiver.terminate()
+            out, _ = receiver.communicate(timeout=30)
+        spans = int(out.split()[-1]) if out.strip() else 0
+
+        def median(mode: str, run: str, *keys: str) -> float:
+            values = []
+            for entry in runs[mode]:
+                value: Any = entry[run]
+                for key in keys:
+                    value = value[key]
+                values.append(float(value))
+            return sorted(values)[len(values) // 2]
+
+        summary = {
+            mode: {
+                "cpu_us_per_decision": median(mode, "closed_loop", "cpu_us_per_request", "picker"),
+                "max_decisions_per_s": median(mode, "closed_loop", "per_s"),
+                "p50_ms": median(mode, "fixed_rate", "p50_ms"),
+                "p99_ms": median(mode, "fixed_rate", "p99_ms"),
+                "fixed_rate_cpu_us_per_decision": median(mode, "fixed_rate", "cpu_us_per_request", "picker"),
+            }
+            for mode in runs
+        }
+        return {
+            "what": (
+                f"picker.server={server}, requests only; tracing off, then on at ratio 1 (always_on, "
+                f"OTLP/gRPC to a receiver process), {rounds} rounds in turn; the upper median of the rounds"
+            ),
+            "summary": summary,
+            "spans_received": spans,
+            "runs": runs,
+            "busy_runs": busy_runs({f"{m}_{i}": r for m, rs in runs.items() for i, r in enumerate(rs)}),
+        }
+
+    def _traced_run(
+        self, stack: Pickers, server: str, mode: str, section: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        picker, port = stack.start_picker(f"picker-tracing-{mode}", server, tracing=section)
+        # Envoy traces too, as it would in front of a tracing picker.
+        tracing = envoy.EnvoyTracing(section["endpoint"]) if section is not None else None
+        doc, gateway = front_bootstrap([port], responses=False, tracing=tracing)
+        proxy = start_envoy(doc, f"envoy-tracing-{mode}", self.run_dir)
+        try:
+            wait_completion(proxy, gateway, REWRITTEN)
+            meter = Meter({"picker": picker.pid, "envoy": proxy.pid, "backend": self.backend.pid})
+            return {
+                "closed_loop": self.closed(gateway, REWRITTEN, meter),
+                "fixed_rate": self.fixed(gateway, REWRITTEN, meter),
+            }
+        finally:
+            proxy.stop(5)
+            stack.stop_picker(picker)
+
     def vllm_router(self, pods: Sequence[int], policy: str) -> dict[str, Any] | None:
         if not ROUTER.is_file():
             return None
@@ -666,6 +745,11 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=3, help="backend pods (listeners)")
     parser.add_argument("--servers", default=",".join(SERVERS), help="picker.server values to run")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only-tracing",
+        action="store_true",
+        help="only the tracing off/on runs, into detail.tracing of the existing --output",
+    )
     args = parser.parse_args()
     servers = [s for s in args.servers.split(",") if s]
     unknown = set(servers) - set(SERVERS)
@@ -683,12 +767,15 @@ def main() -> int:
     load = Load(run_dir, args.connections)
     bench = Bench(run_dir, load, args.rate, args.seconds, backend)
     by_server: dict[str, Any] = {}
+    if args.only_tracing:
+        return only_tracing(bench, pods, backend, run_dir, headline_server, args.output)
     try:
         alone = bench.envoy_alone(pods)
         stack = Pickers(pods, run_dir)
         try:
             for server in servers:
                 by_server[server] = bench.pickers(stack, server)
+            traced = bench.tracing(stack, headline_server)
         finally:
             stack.stop()
         routers = {policy: bench.vllm_router(pods, policy) for policy in ("round_robin", "cache_aware")}
@@ -744,6 +831,7 @@ def main() -> int:
             "vllm_router": routers,
             "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
             "director_route_us": {k: round(v, 1) for k, v in director.items()},
+            "tracing": traced,
         },
         "machine": {
             "python": sys.version.split()[0],
@@ -756,6 +844,27 @@ def main() -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def only_tracing(
+    bench: Bench, pods: Sequence[int], backend: ManagedProcess, run_dir: Path, server: str, output: Path
+) -> int:
+    """``--only-tracing``: the tracing block alone, written into ``output``'s detail.tracing."""
+    try:
+        stack = Pickers(pods, run_dir)
+        try:
+            traced = bench.tracing(stack, server)
+        finally:
+            stack.stop()
+    finally:
+        backend.stop(5)
+    result = json.loads(output.read_text()) if output.is_file() else {"detail": {}}
+    result.setdefault("detail", {})["tracing"] = traced
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(traced["summary"], indent=2), "busy:", traced["busy_runs"])
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 

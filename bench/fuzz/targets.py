@@ -71,8 +71,8 @@ def _protocol() -> H2Protocol:
 
 def _check(protocol: H2Protocol) -> None:
     assert protocol.open_streams <= LIMITS.max_concurrent_streams
-    assert protocol._held <= LIMITS.max_buffered_bytes + 32 * 1024 + 5
-    assert protocol._queued <= LIMITS.max_queued_bytes + 64 + 5 or protocol.closing
+    assert protocol._receiving.held <= LIMITS.max_buffered_bytes + 32 * 1024 + 5
+    assert protocol._sending.queued <= LIMITS.max_queued_bytes + 64 + 5 or protocol.closing
     protocol.data_to_send()
 
 

@@ -24,10 +24,12 @@ UPSTREAM_ARGS = [
 ]  # fmt: skip
 
 
-def parse(argv: list[str], metrics_field: str = "picker.metricsListen") -> argparse.Namespace:
+def parse(
+    argv: list[str], metrics_field: str = "picker.metricsListen", *, grpc: bool = True
+) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    upstream.add_flags(parser, metrics_field=metrics_field)
+    upstream.add_flags(parser, metrics_field=metrics_field, grpc=grpc)
     return parser.parse_args(argv)
 
 
@@ -38,11 +40,11 @@ def test_an_upstream_deployment_s_args_parse_and_name_the_pool():
         "pool": {
             "name": "vllm-llama3-8b-instruct",
             "kubernetes": {"namespace": "default", "apiVersion": "inference.networking.k8s.io/v1"},
-        }
+        },
+        "tracing": {"enabled": False},
     }
     assert upstream.ignored(args) == [
         "--zap-encoder is accepted and not used: logs are text lines",
-        "--tracing is accepted and not used: no tracing",
         "--metrics-endpoint-auth is accepted and not used: the metrics port needs no token",
     ]
     assert upstream.log_level(args, "info") == "INFO"
@@ -61,13 +63,18 @@ def test_an_upstream_deployment_s_args_parse_and_name_the_pool():
             {"pool": {"kubernetes": {"apiVersion": "inference.networking.x-k8s.io/v1alpha2"}}},
         ),
         (["--ha-enable-leader-election"], "picker.metricsListen", {}),
+        (["--tracing"], "picker.metricsListen", {"tracing": {"enabled": True}}),
+        (["--tracing=true"], "collector.listen", {"tracing": {"enabled": True}}),
+        (["--tracing", "false"], "picker.metricsListen", {"tracing": {"enabled": False}}),
     ],
 )
 def test_each_alias_sets_its_field(argv, metrics_field, expected):
     assert upstream.overrides(parse(argv, metrics_field)) == expected
 
 
-@pytest.mark.parametrize("argv", [["--grpc-port", "0"], ["--grpc-port", "70000"], ["--pool-group", "x"]])
+@pytest.mark.parametrize(
+    "argv", [["--grpc-port", "0"], ["--grpc-port", "70000"], ["--pool-group", "x"], ["--tracing=maybe"]]
+)
 def test_bad_values_are_refused(argv):
     with pytest.raises(SystemExit):
         parse(argv)
@@ -79,6 +86,17 @@ def test_bad_values_are_refused(argv):
 def test_verbosity_maps_to_a_log_level(verbosity, level):
     args = parse(["-v", verbosity] if verbosity else [])
     assert upstream.log_level(args, "warning") == level
+
+
+@pytest.mark.parametrize("flag", ["--grpc-port", "--grpc-health-port"])
+def test_without_grpc_the_grpc_port_flags_are_refused(flag):
+    with pytest.raises(SystemExit):
+        parse([flag, "9102"], "collector.listen", grpc=False)
+
+
+def test_without_grpc_the_other_aliases_still_set_their_fields():
+    args = parse(["--metrics-port", "9190", "--pool-name", "p"], "collector.listen", grpc=False)
+    assert upstream.overrides(args) == {"pool": {"name": "p"}, "collector": {"listen": 9190}}
 
 
 def test_a_bare_port_keeps_the_host_of_the_listen_address():

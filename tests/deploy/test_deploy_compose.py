@@ -4,6 +4,7 @@ the profile `sentinel` (a replica and three Sentinels, the services on a redis+s
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import re
 from pathlib import Path
@@ -14,7 +15,8 @@ from deploy_kit import COMPOSE_FILE, REPO, dockerfile_env, dockerfile_instructio
 
 from pointsman_devstack import deploy
 from pointsman_devstack.stack import served_models
-from pointsman_shared.config import load_config, split_host_port
+from pointsman_shared import upstream
+from pointsman_shared.config import load_config, parse_config, split_host_port
 from pointsman_shared.redis_url import Sentinel
 
 COMPOSE = load_yaml(COMPOSE_FILE)
@@ -254,3 +256,73 @@ def test_only_compose_specification_keys() -> None:
         assert set(service["healthcheck"]) <= HEALTHCHECK_KEYS, name
         assert set(service.get("build", {})) <= {"context", "dockerfile", "args", "target"}, name
         assert service.get("restart", "no") in {"no", "always", "on-failure", "unless-stopped"}, name
+
+
+# --- deploy/compose/tracing.yaml: the same stack traced, Jaeger beside it --------------------------------
+
+TRACING = load_yaml(REPO / "deploy/compose/tracing.yaml")["services"]
+
+
+def _merged(name: str) -> dict[str, Any]:
+    """A service as compose merges the override over the base: command replaced, environment and
+    depends_on merged by key, volumes by the path in the container."""
+    base, extra = SERVICES.get(name, {}), TRACING.get(name, {})
+    merged = {**base, **{k: v for k, v in extra.items() if k not in ("environment", "depends_on", "volumes")}}
+    merged["environment"] = {**base.get("environment", {}), **extra.get("environment", {})}
+    merged["depends_on"] = {**base.get("depends_on", {}), **extra.get("depends_on", {})}
+    volumes = {spec.split(":")[1]: spec for spec in [*base.get("volumes", []), *extra.get("volumes", [])]}
+    merged["volumes"] = list(volumes.values())
+    return merged
+
+
+def test_the_tracing_override_adds_only_jaeger_and_changes_only_what_tracing_needs() -> None:
+    assert set(TRACING) - set(SERVICES) == {"jaeger"}
+    jaeger = TRACING["jaeger"]
+    assert re.fullmatch(r"jaegertracing/all-in-one:\d+\.\d+\.\d+", jaeger["image"])
+    assert set(jaeger["healthcheck"]) <= HEALTHCHECK_KEYS
+    assert _host_ports(jaeger) == [("127.0.0.1", 16686)]
+    for name, service in TRACING.items():
+        assert set(service) <= SERVICE_KEYS, name
+        if name != "jaeger":
+            assert service["depends_on"] == {"jaeger": {"condition": "service_healthy"}}, name
+
+
+@pytest.mark.parametrize("name", SIMS)
+def test_each_traced_pod_is_its_base_command_plus_the_endpoint(name: str) -> None:
+    assert TRACING[name]["command"] == [
+        *SERVICES[name]["command"],
+        f"--otlp-traces-endpoint={deploy.COMPOSE_OTLP_ENDPOINT}",
+    ]
+
+
+@pytest.mark.parametrize("name", ["collector", "picker-1", "picker-2"])
+def test_the_traced_services_load_a_config_that_traces_everything_to_jaeger(name: str) -> None:
+    service = _merged(name)
+    assert service["command"][:2] == SERVICES[name]["command"][:2]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    upstream.add_flags(parser, metrics_field="picker.metricsListen")
+    args = parser.parse_args(service["command"])
+    doc = upstream.with_overrides(load_yaml(REPO / CONFIG_PATH), upstream.overrides(args))
+    environ = {k: str(v) for k, v in service["environment"].items() if not str(v).startswith("${")}
+    tracing = parse_config(doc, environ=environ).tracing
+    assert (tracing.enabled, tracing.endpoint, tracing.ratio) == (True, deploy.COMPOSE_OTLP_ENDPOINT, 1.0)
+    assert load_config(REPO / CONFIG_PATH, environ={}).tracing.enabled is False  # the base stays untraced
+
+
+def test_the_traced_envoy_mounts_its_generated_bootstrap_and_it_is_up_to_date() -> None:
+    assert ("./deploy/envoy/envoy-compose-tracing.yaml", "/etc/envoy/envoy.yaml") in _mounts(_merged("envoy"))
+    expected = deploy.compose_tracing_config(CONFIG_PATH, root=REPO)
+    actual = (REPO / "deploy/envoy/envoy-compose-tracing.yaml").read_text(encoding="utf-8")
+    assert actual == expected, (
+        "regenerate: .venv/bin/python -m pointsman_devstack.deploy --variant compose-tracing"
+    )
+    bootstrap = load_yaml(REPO / "deploy/envoy/envoy-compose-tracing.yaml")
+    (otlp,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "otlp"]
+    address = otlp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"
+    ]
+    assert (address["address"], address["port_value"]) == ("jaeger", 4317)
+    assert "otlp" not in str(
+        load_yaml(REPO / "deploy/envoy/envoy-compose.yaml")["static_resources"]["clusters"]
+    )

@@ -158,13 +158,39 @@ def test_every_flag_shown_with_a_console_script_is_one_it_takes(doc: str) -> Non
     assert not unknown
 
 
-def test_the_upstream_flags_picker_md_lists_are_taken_by_picker_and_collector() -> None:
+def test_the_upstream_flags_picker_md_lists_are_the_picker_s_and_but_for_grpc_the_collector_s() -> None:
     section = _section(_doc("docs/picker.md"), "## The upstream picker's flags")
     flags = set(_FLAG.findall(section))
     assert {"--pool-name", "--config-file", "--grpc-health-port"} <= flags
-    taken = script_flags("pointsman-picker") & script_flags("pointsman-collector")
     ignored = {f"--{name}" for name in IGNORED_FLAGS}
-    assert flags - taken - ignored == set()
+    assert flags - script_flags("pointsman-picker") - ignored == set()
+    grpc_ports = {"--grpc-port", "--grpc-health-port"}
+    assert flags - grpc_ports - script_flags("pointsman-collector") - ignored == set()
+    assert script_flags("pointsman-collector") & grpc_ports == set()
+
+
+# Where each command line's flags are documented.
+CLI_DOCS = {
+    "pointsman-picker": ("docs/picker.md",),
+    "pointsman-collector": ("docs/collector.md", "docs/picker.md"),
+    "pointsman-sim": ("docs/simulator.md",),
+    "pointsman-stack": ("README.md",),
+    "pointsman-quality": ("docs/quality.md",),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_flag_a_command_line_lists_is_documented(script: str) -> None:
+    documented = set().union(*(_FLAG.findall(_doc(doc)) for doc in CLI_DOCS[script]))
+    assert script_flags(script) - {"--help"} - documented == set()
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_command_line_says_its_version(script: str) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        SCRIPTS[script](["--version"])
+    assert re.fullmatch(rf"{script} \d+\.\d+\.\d+\n", out.getvalue())
 
 
 def test_every_flag_the_simulator_doc_names_is_the_simulator_s() -> None:
@@ -184,6 +210,7 @@ _SECTIONS = (
     "picker",
     "plugins",
     "profiles",
+    "tracing",
 )
 _DOTTED = rf"(?:{'|'.join(_SECTIONS)})(?:\.[A-Za-z]+)+"
 # In Markdown a key is a code span (`picker.maxStaleness`, `picker.server: grpcio`); in YAML comments, bare.
@@ -214,7 +241,15 @@ def _is_field(path: str) -> bool:
 
 
 # Docs that name no config key (so a key pattern that matches nothing fails in the others).
-UNKEYED = frozenset({"bench/scenarios/README.md", "docs/envoy.md", "docs/simulator.md"})
+UNKEYED = frozenset(
+    {
+        "bench/scenarios/README.md",
+        "docs/envoy.md",
+        "docs/simulator.md",
+        "docs/upstream-spec.md",
+        "docs/vllm-figures.md",
+    }
+)
 
 
 # The Helm chart's README names values (`collector.replicas`), not config keys.

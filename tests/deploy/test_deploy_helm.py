@@ -13,6 +13,7 @@ import base64
 import copy
 import functools
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,8 @@ def test_helm_lint(case: str) -> None:
             "inferenceModelRewrites need the v1 InferencePool",
         ),
         ("config.pool.name=other", "config.pool is the chart's to write"),
+        ("inferenceExtension.tracing.sampling.samplerArg=2", "samplerArg"),
+        ("inferenceExtension.tracing.sampling.sampler=sometimes", "sampler"),
         ("config.models[0].modelName=m", "config.models is the chart's to write"),
         (
             "provider.name=envoy-gateway,provider.envoyGateway.patchPolicy.enabled=true",
@@ -257,6 +260,10 @@ def test_the_values_keep_upstream_s_names() -> None:
         "inferenceExtension.flags",
         "inferenceExtension.env",
         "inferenceExtension.monitoring.prometheus.enabled",
+        "inferenceExtension.tracing.enabled",
+        "inferenceExtension.tracing.otelExporterEndpoint",
+        "inferenceExtension.tracing.sampling.sampler",
+        "inferenceExtension.tracing.sampling.samplerArg",
         "provider.name",
         "provider.gke.autopilot",
         "provider.istio.destinationRule.host",
@@ -887,3 +894,47 @@ def test_only_the_provider_s_objects_are_rendered(provider: str) -> None:
     }
     for other, other_kinds in own.items():
         assert (other_kinds <= kinds) is (other == provider), other
+
+
+def test_tracing_is_one_setting_away_and_off_by_default(tmp_path: Path) -> None:
+    assert _load_config(_objects("default"), tmp_path).tracing.enabled is False
+    tracing = _load_config(_objects("tracing"), tmp_path).tracing
+    assert (tracing.enabled, tracing.endpoint, tracing.protocol) == (
+        True,
+        "http://otel-collector.observability:4317",
+        "grpc",
+    )
+    assert (tracing.sampler, tracing.ratio) == ("parentbased_traceidratio", 0.25)
+
+
+# --- the chart's files/ ---------------------------------------------------------------------------
+
+
+def _chart_files() -> list[tuple[Path, Path]]:
+    """The Makefile's CHART_FILES: (copy in the chart, its source)."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    block = re.search(r"^CHART_FILES := \\\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert block
+    pairs = [line.strip().rstrip("\\").strip().split("=") for line in block.group(1).splitlines()]
+    return [(REPO / "deploy/helm/pointsman" / dest, REPO / src) for dest, src in pairs]
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_the_chart_has_no_symlinks() -> None:
+    chart = REPO / "deploy/helm/pointsman"
+    assert [p for p in chart.rglob("*") if p.is_symlink()] == []
+
+
+@pytest.mark.parametrize(("copy", "source"), _chart_files(), ids=lambda p: p.name)
+def test_each_chart_file_is_a_copy_of_its_source(copy: Path, source: Path) -> None:
+    assert _tree(copy) == _tree(source), f"run `make chart-files`: {copy.name} differs from {source}"
+
+
+def test_every_file_in_files_is_one_the_makefile_copies() -> None:
+    copied = {copy.name for copy, _ in _chart_files()}
+    assert {p.name for p in (REPO / "deploy/helm/pointsman/files").iterdir()} == copied

@@ -8,6 +8,7 @@ pool."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
@@ -37,6 +38,7 @@ from deploy_kit import (
 from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
 from pointsman_devstack.stack import served_models
 from pointsman_picker.health import LIVENESS, READINESS_SERVICES
+from pointsman_shared import upstream
 from pointsman_shared.backoff import Backoff
 from pointsman_shared.config import (
     INFERENCE_POOL_V1,
@@ -1022,3 +1024,37 @@ def test_namespaced_objects_are_in_pointsman_and_cluster_scoped_ones_in_none(tar
             assert namespace is None, f"{obj['kind']}/{obj['metadata']['name']}"
         else:
             assert namespace == "pointsman", f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+@pytest.mark.parametrize("pool", ["overlays/sim", "overlays/vllm"])
+def test_the_tracing_component_turns_tracing_on_everywhere_and_nothing_traces_without_it(pool: str) -> None:
+    kubectl = Path(sys.executable).parent / "kubectl"
+    traced = _build_kustomization({"resources": [pool], "components": ["components/tracing"]}, kubectl)
+    for name in ("pointsman-picker", "pointsman-collector"):
+        for objects, on in ((list(traced), True), (_objects(pool), False)):
+            container = _one(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert ("--tracing" in container["args"]) is on, name
+            assert ("OTEL_EXPORTER_OTLP_ENDPOINT" in env) is on, name
+            if on:  # what the service makes of it: the flag and the variables, through the real loader
+                args = upstream_args(container["args"])
+                config = parse_config(
+                    upstream.with_overrides({}, upstream.overrides(args)),
+                    environ={k: v for k, v in env.items() if v is not None},
+                ).tracing
+                assert (config.enabled, config.endpoint, config.ratio) == (
+                    True,
+                    "http://otel-collector.observability:4317",
+                    0.1,
+                )
+    server = _one(list(traced), "Deployment", "model-server")["spec"]["template"]["spec"]["containers"][0]
+    assert "--otlp-traces-endpoint=http://otel-collector.observability:4317" in server["args"]
+    untraced = _one(_objects(pool), "Deployment", "model-server")["spec"]["template"]["spec"]["containers"][0]
+    assert not any(arg.startswith("--otlp-traces-endpoint") for arg in untraced["args"])
+
+
+def upstream_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    upstream.add_flags(parser, metrics_field="picker.metricsListen")
+    return parser.parse_args(argv)

@@ -7,14 +7,17 @@ import random
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
 from pointsman_collector.errors import ConnectError, ScrapeTimeout
-from pointsman_collector.loop import Collector, SlotClock
+from pointsman_collector.loop import PUBLISH_SPAN, SCRAPE_SPAN, Collector, SlotClock
 from pointsman_collector.normalize import HealthPolicy
 from pointsman_collector.scrape import Done
+from pointsman_shared.config import TracingConfig
 from pointsman_shared.model_server import PageMetrics
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
+from pointsman_shared.tracing import Tracing
 
 INTERVAL = 0.01
 
@@ -315,3 +318,46 @@ async def test_callbacks_of_one_slot_run_together_and_a_past_time_runs_on_the_ne
     await asyncio.sleep(0)
     assert ran[-1] == "past"
     clock.close()
+
+
+def traced(**options: object) -> tuple[Tracing, InMemorySpanExporter]:
+    spans = InMemorySpanExporter()
+    config = TracingConfig(enabled=True, sampler="always_on", **options)  # type: ignore[arg-type]
+    return Tracing(config, "pointsman-collector", span_exporter=spans), spans
+
+
+async def test_a_traced_collector_records_its_publish_rounds(harness) -> None:
+    tracing, spans = traced()
+    h = harness(tracer=tracing.tracer("test"))
+    h.scraper("b").result = ScrapeTimeout("slow")
+    h.collector.start(["a", "b"])
+    await h.published(lambda pods: True)
+    tracing.flush()
+    publish = [s for s in spans.get_finished_spans() if s.name == PUBLISH_SPAN]
+    assert publish
+    attributes = dict(publish[0].attributes or {})
+    assert attributes["pointsman.pool"] == "p"
+    assert (attributes["pointsman.pods"], attributes["pointsman.healthy_pods"]) == (2, 1)
+    assert attributes["pointsman.result"] == "published"
+    assert attributes["pointsman.snapshot_version"] == 1
+    assert "pointsman.oldest_reading_age_s" in attributes
+    tracing.shutdown()
+
+
+async def test_a_scrape_longer_than_the_interval_is_a_span_and_a_quick_one_is_not(harness) -> None:
+    tracing, spans = traced()
+    h = harness(tracer=tracing.tracer("test"))
+    h.scraper("slow").hang = True
+    h.collector.start(["slow", "fast"])
+    await eventually(lambda: h.scrapers["slow"].pending is not None)
+    await asyncio.sleep(INTERVAL * 3)
+    pending = h.scrapers["slow"].pending
+    assert pending is not None
+    pending(page())
+    tracing.flush()
+    scrapes = [s for s in spans.get_finished_spans() if s.name == SCRAPE_SPAN]
+    assert [dict(s.attributes or {})["pointsman.pod"] for s in scrapes] == ["slow"]
+    attributes = dict(scrapes[0].attributes or {})
+    assert attributes["pointsman.result"] == "ok"
+    assert float(attributes["pointsman.duration_s"]) >= INTERVAL * 3
+    tracing.shutdown()

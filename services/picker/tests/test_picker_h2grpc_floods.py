@@ -21,9 +21,9 @@ from test_picker_h2grpc_protocol import Calls, Echo, Later, only, parse
 from test_picker_h2grpc_server import RawClient
 
 from pointsman_picker.h2grpc import wire
+from pointsman_picker.h2grpc.config import Http2Config
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.h2grpc.wire import ErrorCode, FrameType
-from pointsman_shared.config import Http2Config
 
 # Attacks under which some of grpcio's answers to the well-behaved client fail (CANCELLED, INTERNAL).
 GRPCIO_HURTS = {"rapid reset", "streams never ended"}

@@ -16,8 +16,8 @@ import pytest
 from test_picker_h2grpc_protocol import ECHO, Frame, Later, Peer, only, parse
 
 from pointsman_picker.h2grpc import wire
+from pointsman_picker.h2grpc.budgets import MAX_SETTINGS
 from pointsman_picker.h2grpc.limits import Limits
-from pointsman_picker.h2grpc.protocol import MAX_SETTINGS
 from pointsman_picker.h2grpc.wire import ACK, END_HEADERS, END_STREAM, PRIORITY, ErrorCode, FrameType, Setting
 
 REQUEST = [

@@ -1,8 +1,8 @@
 """The one Pointsman config file (``apiVersion: pointsman.dev/v1alpha1``, ``kind: PointsmanConfig``).
 
 Both services read it. Every field has a default; every error names the path of the bad value.
-The four scheduling thresholds can be overridden by the environment variables upstream uses, and
-``redis.url`` by ``REDIS_URL``.
+The four scheduling thresholds can be overridden by the environment variables upstream uses,
+``redis.url`` by ``REDIS_URL``, and ``tracing`` by the standard ``OTEL_*`` variables.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Final, Literal
+from urllib.parse import unquote
 
 import yaml
 from pydantic import (
@@ -103,6 +104,10 @@ class _Model(BaseModel):
         str_strip_whitespace=True,
         allow_inf_nan=False,  # `.inf` (or "1e400") is no rate, weight or threshold
     )
+
+
+ConfigModel = _Model
+"""The base of every section: for a section only one service reads and checks (``picker.http2``)."""
 
 
 class Criticality(StrEnum):
@@ -321,49 +326,6 @@ class CollectorConfig(_Model):
     prefix_cache_window: PositiveSeconds = 30.0
 
 
-class Http2Budget(_Model):
-    """A token bucket: ``burst`` events at once, refilled at ``perSecond``; past it, GOAWAY
-    ENHANCE_YOUR_CALM (nghttp2's rate limiters)."""
-
-    burst: int = Field(ge=1)
-    per_second: float = Field(gt=0)
-
-
-class Http2Config(_Model):
-    """``picker.http2``: what one client connection of the native ext_proc server may do. Defaults as
-    nghttp2's and gRPC core's (docs/security.md compares them, limit by limit)."""
-
-    # Advertised in SETTINGS; a stream beyond it is refused (REFUSED_STREAM, which Envoy retries).
-    max_concurrent_streams: int = Field(default=100, ge=1, le=2**31 - 1)
-    # Advertised in SETTINGS and counted while decoding; a request over it: RESOURCE_EXHAUSTED.
-    max_header_list_size: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
-    # Each stream's receive window (returned as its messages are consumed).
-    initial_window_size: int = Field(default=1024 * 1024, ge=65_535, le=2**31 - 1)
-    # Request bytes held in unfinished messages, per connection (one message always fits).
-    max_buffered_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    # Response bytes waiting for a client's flow-control window, per connection.
-    max_queued_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    # New streams handled per read before other connections get their turn.
-    max_streams_per_read: int = Field(default=32, ge=1)
-    # Connections at once; one more is told GOAWAY and closed.
-    max_connections: int = Field(default=1024, ge=1)
-    # The client's preface and SETTINGS within this.
-    handshake_timeout: PositiveSeconds = 10.0
-    # GOAWAY a connection with no stream open for this long (null: never).
-    idle_timeout: PositiveSeconds | None = 180.0
-    # GOAWAY (graceful) at this age, ±10% (null: never); then cancel what is open after the grace
-    # (null: let the open calls finish).
-    max_connection_age: PositiveSeconds | None = None
-    max_connection_age_grace: PositiveSeconds | None = None
-    # Streams the client resets while still being worked on, plus the stream errors it causes.
-    resets: Http2Budget = Http2Budget(burst=1000, per_second=100)
-    pings: Http2Budget = Http2Budget(burst=100, per_second=10)
-    # SETTINGS frames (not acknowledgements).
-    settings: Http2Budget = Http2Budget(burst=100, per_second=10)
-    # DATA with nothing and no END_STREAM, empty header-block fragments, PRIORITY, unknown frames.
-    empty_frames: Http2Budget = Http2Budget(burst=1000, per_second=100)
-
-
 class PickerConfig(_Model):
     listen: HostPort = "0.0.0.0:9002"
     health_listen: HostPort = "0.0.0.0:9003"
@@ -395,8 +357,44 @@ class PickerConfig(_Model):
     # A model no entry of `models` names is served as asked, with the default objective (upstream v1);
     # false answers 404 instead.
     passthrough_unknown_models: bool = True
-    # The native server's HTTP/2 limits (picker.server native only; grpcio keeps its own).
-    http2: Http2Config = Http2Config()
+    # The native server's HTTP/2 limits (picker.server native only; grpcio keeps its own). Only the
+    # picker reads them: it checks them itself (pointsman_picker.h2grpc.config), as it checks plugin
+    # parameters, and names the bad path the same way.
+    http2: dict[str, Any] = Field(default_factory=dict)
+
+
+# The samplers of OTEL_TRACES_SAMPLER (the OpenTelemetry SDK's names).
+Sampler = Literal[
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+]
+
+
+class TracingConfig(_Model):
+    """``tracing``: OpenTelemetry spans exported over OTLP, by every service (pointsman_shared.tracing).
+    Off by default; the standard ``OTEL_*`` environment variables override these fields."""
+
+    enabled: bool = False
+    # The OTLP receiver. grpc: host:port or http(s)://host:port; http/protobuf: the URL spans are POSTed
+    # to (/v1/traces is added to a URL without a path).
+    endpoint: str = Field(default="http://localhost:4317", min_length=1)
+    protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    # parentbased_*: a request that arrives with a trace context follows its sampled flag; one without
+    # is sampled by the rest of the name (traceidratio: `ratio` of them).
+    sampler: Sampler = "parentbased_traceidratio"
+    ratio: float = Field(default=0.1, ge=0, le=1)
+    # Default: each service's own (pointsman-picker, pointsman-collector, pointsman-sim).
+    service_name: str | None = Field(default=None, min_length=1)
+    resource_attributes: dict[str, str] = Field(default_factory=dict)
+    # Ended spans wait here for the exporter; a span that finds it full is dropped (and counted).
+    max_queue_size: int = Field(default=2048, ge=1)
+    max_export_batch_size: int = Field(default=512, ge=1)
+    schedule_delay: PositiveSeconds = 1.0
+    export_timeout: PositiveSeconds = 5.0
 
 
 class PluginSpec(_Model):
@@ -434,6 +432,7 @@ class PointsmanConfig(_Model):
     redis: RedisConfig = RedisConfig()
     collector: CollectorConfig = CollectorConfig()
     picker: PickerConfig = PickerConfig()
+    tracing: TracingConfig = TracingConfig()
     # Scheduling plugins and profiles; picker.profile names the one in use ("default", the #423 tree,
     # and "scorer" are built in).
     plugins: tuple[PluginSpec, ...] = ()
@@ -516,7 +515,49 @@ def _with_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dic
     redis = data.get("redis")
     if "REDIS_URL" in environ and (redis is None or isinstance(redis, dict)):
         data["redis"] = {**(redis or {}), "url": environ["REDIS_URL"]}
+    tracing = data.get("tracing")
+    found = tracing_env(
+        environ, (tracing or {}).get("protocol", "grpc") if isinstance(tracing, dict) else "grpc"
+    )
+    if found and (tracing is None or isinstance(tracing, dict)):
+        data["tracing"] = {**(tracing or {}), **found}
     return data
+
+
+def tracing_env(environ: Mapping[str, str], protocol: str) -> dict[str, Any]:
+    """The ``tracing`` fields the standard OpenTelemetry variables set (OTEL_SDK_DISABLED=true turns
+    tracing off; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as it is, OTEL_EXPORTER_OTLP_ENDPOINT is a
+    base URL that gets /v1/traces over http/protobuf, as the specification says)."""
+    found: dict[str, Any] = {}
+    if env_protocol := environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL"
+    ):
+        found["protocol"] = protocol = env_protocol
+    if endpoint := environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        found["endpoint"] = endpoint
+    elif endpoint := environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        found["endpoint"] = endpoint.rstrip("/") + "/v1/traces" if protocol == "http/protobuf" else endpoint
+    if sampler := environ.get("OTEL_TRACES_SAMPLER"):
+        found["sampler"] = sampler
+    if ratio := environ.get("OTEL_TRACES_SAMPLER_ARG"):
+        found["ratio"] = ratio
+    if name := environ.get("OTEL_SERVICE_NAME"):
+        found["serviceName"] = name
+    if attributes := environ.get("OTEL_RESOURCE_ATTRIBUTES"):
+        found["resourceAttributes"] = dict(_key_values(attributes))
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        found["enabled"] = False
+    return found
+
+
+def _key_values(text: str) -> list[tuple[str, str]]:
+    """``k=v,k2=v2`` (values percent-decoded), as OTEL_RESOURCE_ATTRIBUTES writes them."""
+    pairs = []
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            pairs.append((key.strip(), unquote(value.strip())))
+    return pairs
 
 
 # A validator that checks list items reports "[i]: message" or "[i].key ...": fold that into the path.

@@ -23,7 +23,6 @@ GROUP_VERSIONS = {
 # Upstream flags taken and not used, with why: an upstream Deployment's args must not stop the picker.
 IGNORED_FLAGS = {
     "zap-encoder": "logs are text lines",
-    "tracing": "no tracing",
     "metrics-endpoint-auth": "the metrics port needs no token",
     "ha-enable-leader-election": "pickers are active-active, sharing Redis",
     "secure-serving": "TLS is a sidecar's (docs/deploy.md)",
@@ -63,9 +62,10 @@ IGNORED_PLUGINS = {
 ENDPOINT_PICKER_KIND = "EndpointPickerConfig"
 
 
-def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str) -> None:
+def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str, grpc: bool) -> None:
     """Add the upstream aliases to ``parser``; ``metrics_field`` is the listen address ``--metrics-port``
-    sets (``picker.metricsListen`` or ``collector.listen``)."""
+    sets (``picker.metricsListen`` or ``collector.listen``); ``grpc``: the gRPC port flags too (the
+    picker's; a collector serves no gRPC)."""
     group = parser.add_argument_group("upstream endpoint-picker flags (aliases of config fields)")
     group.add_argument("--config-file", dest="config", help="the same as --config")
     group.add_argument("--pool-name", help="pool.name")
@@ -73,14 +73,28 @@ def add_flags(parser: argparse.ArgumentParser, *, metrics_field: str) -> None:
     group.add_argument(
         "--pool-group", choices=sorted(GROUP_VERSIONS), help="pool.kubernetes.apiVersion, by API group"
     )
-    group.add_argument("--grpc-port", type=_port, help="the port of picker.listen")
-    group.add_argument("--grpc-health-port", type=_port, help="the port of picker.healthListen")
+    if grpc:
+        group.add_argument("--grpc-port", type=_port, help="the port of picker.listen")
+        group.add_argument("--grpc-health-port", type=_port, help="the port of picker.healthListen")
     group.add_argument("--metrics-port", type=_port, help=f"the port of {metrics_field}")
     group.add_argument("-v", dest="verbosity", type=int, help="4 or more: DEBUG logging")
+    group.add_argument(
+        "--tracing", nargs="?", const=True, type=_boolean, help="tracing.enabled (a bare --tracing: true)"
+    )
     for name in IGNORED_FLAGS:
         # Go flags take `--flag value`, `--flag=value` or, for booleans, a bare `--flag`.
         group.add_argument(f"--{name}", nargs="?", const="true", help=argparse.SUPPRESS)
     parser.set_defaults(_metrics_field=metrics_field)
+
+
+def _boolean(text: str) -> bool:
+    """A Go flag's boolean."""
+    value = text.strip().lower()
+    if value in ("1", "t", "true"):
+        return True
+    if value in ("0", "f", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text} is not a boolean")
 
 
 def _port(text: str) -> int:
@@ -118,7 +132,12 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         kubernetes["apiVersion"] = GROUP_VERSIONS[args.pool_group]
     if kubernetes:
         doc.setdefault("pool", {})["kubernetes"] = kubernetes
-    ports = {"picker.listen": args.grpc_port, "picker.healthListen": args.grpc_health_port}
+    if getattr(args, "tracing", None) is not None:
+        doc["tracing"] = {"enabled": args.tracing}
+    ports = {
+        "picker.listen": getattr(args, "grpc_port", None),
+        "picker.healthListen": getattr(args, "grpc_health_port", None),
+    }
     ports[args._metrics_field] = args.metrics_port
     for field, port in ports.items():
         if port is not None:

@@ -77,7 +77,7 @@ capabilities: {drop: [ALL]}
 
 {{/*
 The TLS sidecar's Envoy bootstrap is deploy/k8s/base/picker-tls-proxy.yaml, or with clientAuth
-deploy/k8s/components/picker-mtls/picker-tls-proxy.yaml (files/ links to both): the port it serves TLS
+deploy/k8s/components/picker-mtls/picker-tls-proxy.yaml (files/ holds copies of both, `make chart-files`): the port it serves TLS
 on and the loopback address it passes ext_proc to are read from it, so the picker's config, the
 container ports and the Service follow it. The certificate (and the client CA) come by SDS from the
 files beside it in the same ConfigMap, re-read when the Secret changes.

@@ -20,19 +20,22 @@ from prometheus_client import CollectorRegistry
 
 from pointsman_collector.assembly import bind_listener, create_collector
 from pointsman_collector.errors import DiscoveryError
-from pointsman_shared import aio, upstream
+from pointsman_shared import aio, cli, upstream
 from pointsman_shared.config import ConfigError, PointsmanConfig, split_host_port
 
 log = logging.getLogger("pointsman_collector")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pointsman-collector", description=__doc__)
-    parser.add_argument("--config", help="the Pointsman config file (default: $POINTSMAN_CONFIG)")
-    parser.add_argument(
-        "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
+    parser = argparse.ArgumentParser(
+        prog="pointsman-collector",
+        description="Scrape the pool's pods and publish their state to Redis until SIGINT or SIGTERM.",
+        epilog="Exit codes: 0 after SIGINT or SIGTERM, 1 when the port is taken, the pods cannot be "
+        "discovered or the HTTP server stops on its own, 2 for a bad config.",
     )
-    upstream.add_flags(parser, metrics_field="collector.listen")
+    parser.add_argument("--config", help="the Pointsman config file (default: $POINTSMAN_CONFIG)")
+    cli.add_common_flags(parser, distribution="pointsman-collector", log_level="info")
+    upstream.add_flags(parser, metrics_field="collector.listen", grpc=False)
     args = parser.parse_args(argv)
     path = args.config or os.environ.get("POINTSMAN_CONFIG")
     if not path:

@@ -36,6 +36,7 @@ from pointsman_shared.aio import wait_event
 from pointsman_shared.config import PointsmanConfig, split_host_port
 from pointsman_shared.keys import RedisKeys
 from pointsman_shared.redis_client import RedisClient
+from pointsman_shared.tracing import Tracing, build_tracing
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ def create_collector(
     listen: socket.socket | None = None,
     me: str | None = None,
     environ: Mapping[str, str] = os.environ,
+    tracing: Tracing | None = None,
 ) -> CollectorService:
     """The collector ``config`` describes, not started yet.
 
@@ -73,12 +75,16 @@ def create_collector(
       the HTTP scraper, ``collector.timeout``, the config's metric names);
     - ``listen``: a bound listening socket the HTTP server takes over (default: ``collector.listen``,
       bound here; raises OSError when taken);
-    - ``me``: this replica's name among the sharing replicas (default: ``hostname-pid``).
+    - ``me``: this replica's name among the sharing replicas (default: ``hostname-pid``);
+    - ``tracing``: the spans' provider (default: built from ``config.tracing``; none when it is off),
+      shut down by :meth:`CollectorService.aclose`.
 
     Raises :class:`~pointsman_collector.errors.DiscoveryError` when a source cannot be set up (an
     unreadable kubeconfig, no service account).
     """
     registry = registry if registry is not None else CollectorRegistry()
+    if tracing is None:
+        tracing = build_tracing(config.tracing, "pointsman-collector", registry=registry)
     sources = list(targets) if targets is not None else config_targets(config, environ)
     keys = RedisKeys(config.pool.name)
     settings = config.collector
@@ -94,7 +100,12 @@ def create_collector(
         else:
             sink = RedisSnapshotSink(redis, keys, ttl=settings.snapshot_ttl)
     collector = Collector.from_config(
-        config, sink=sink, registry=registry, scraper_factory=scraper_factory, clock=clock
+        config,
+        sink=sink,
+        registry=registry,
+        scraper_factory=scraper_factory,
+        clock=clock,
+        tracer=tracing.tracer("pointsman_collector") if tracing is not None else None,
     )
     union = Sources()
     sharing: _Sharing | None = None
@@ -132,6 +143,7 @@ def create_collector(
         server=server,
         listen=listen,
         owned_redis=owned_redis,
+        tracing=tracing,
     )
 
 
@@ -194,8 +206,10 @@ class CollectorService:
         server: uvicorn.Server,
         listen: socket.socket,
         owned_redis: RedisClient | None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.collector = collector
+        self.tracing = tracing
         self.registry = registry
         self._sources = sources
         self._union = union
@@ -268,6 +282,8 @@ class CollectorService:
         if self._owned_redis is not None:
             await self._owned_redis.aclose()
         self._listen.close()
+        if self.tracing is not None:  # the spans still queued go out
+            await asyncio.to_thread(self.tracing.shutdown)
 
     async def __aenter__(self) -> CollectorService:
         await self.start()

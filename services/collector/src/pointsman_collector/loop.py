@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from pointsman_collector.errors import PublishError, ScrapeError
@@ -47,6 +48,11 @@ PUBLISH_EVERY = 1.0
 # After a failed publish (Redis away): retry soon, jittered so that replicas do not come back in step, and
 # capped well below picker.maxStaleness (2 s) so that fresh data follows Redis's return within intervals.
 PUBLISH_RETRY = Backoff(initial=0.05, maximum=0.25, jitter=Jitter.EQUAL)
+
+# The spans of a traced collector (tracing.enabled): every publish round, and every scrape that took
+# longer than the scrape interval (the pod's reading is a round late).
+PUBLISH_SPAN = "pointsman.collector.publish"
+SCRAPE_SPAN = "pointsman.collector.scrape"
 
 Clock = Callable[[], float]
 
@@ -210,8 +216,12 @@ class Collector:
         publish_every: float = PUBLISH_EVERY,
         clock: Clock = time.time,
         rng: random.Random | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """With a ``tracer``, publish rounds and slow scrapes (longer than ``interval``) are spans,
+        sampled by its provider's sampler."""
         self._name = pool
+        self._tracer = tracer
         self._scraper_factory = scraper_factory
         self._sink = sink
         self._interval = interval
@@ -241,6 +251,7 @@ class Collector:
         scraper_factory: Callable[[str], Scraper] | None = None,
         clock: Clock = time.time,
         rng: random.Random | None = None,
+        tracer: Tracer | None = None,
     ) -> Collector:
         """The collector the config describes; ``scraper_factory`` defaults to a :class:`PodScraper` per
         pod with the config's metric names and timeout."""
@@ -263,6 +274,7 @@ class Collector:
             prefix_window=settings.prefix_cache_window,
             clock=clock,
             rng=rng,
+            tracer=tracer,
         )
 
     @property
@@ -336,6 +348,8 @@ class Collector:
 
     def _on_outcome(self, address: str, outcome: Outcome, duration: float) -> None:
         self._metrics.scrape_duration.observe(duration)
+        if self._tracer is not None and duration > self._interval:
+            self._trace_slow_scrape(address, outcome, duration)
         # Read the state now: the publisher may have judged it since the scrape began.
         state = self._pool.get(address)
         if state is None:
@@ -380,7 +394,42 @@ class Collector:
             await asyncio.sleep(gap)
             await wait_event(self._pool.changed, max(self._publish_every - gap, 0.0))
 
+    def _trace_slow_scrape(self, address: str, outcome: Outcome, duration: float) -> None:
+        assert self._tracer is not None
+        end = time.time_ns()
+        span = self._tracer.start_span(SCRAPE_SPAN, start_time=end - int(duration * 1e9))
+        if span.is_recording():
+            failed = isinstance(outcome, Exception)
+            reason = (outcome.reason if isinstance(outcome, ScrapeError) else "internal") if failed else "ok"
+            span.set_attributes(
+                {"pointsman.pod": address, "pointsman.result": reason, "pointsman.duration_s": duration}
+            )
+        span.end(end_time=end)
+
     async def _publish_once(self) -> bool:
+        if self._tracer is None:
+            return await self._publish_round()
+        with self._tracer.start_as_current_span(PUBLISH_SPAN, record_exception=False) as span:
+            published = await self._publish_round()
+            if span.is_recording():
+                pods = self._pool.pods()
+                now = self._clock()
+                attributes: dict[str, str | int | float] = {
+                    "pointsman.pool": self._name,
+                    "pointsman.pods": len(pods),
+                    "pointsman.healthy_pods": sum(pod.healthy for pod in pods),
+                    "pointsman.result": "published" if published else (self._sink_error or "failed"),
+                }
+                if pods:
+                    attributes["pointsman.oldest_reading_age_s"] = round(
+                        now - min(p.updated_at for p in pods), 6
+                    )
+                if published and self._published is not None:
+                    attributes["pointsman.snapshot_version"] = self._published.version
+                span.set_attributes(attributes)
+            return published
+
+    async def _publish_round(self) -> bool:
         now = self._clock()
         for address, state in self._pool.items():
             judged = judge(state, now, self._policy)

@@ -1,6 +1,6 @@
 """From scrape outcomes to the pod state the collector publishes. Pure: time comes in as ``now``.
 
-Rules (upstream-spec §4):
+Rules (docs/upstream-spec.md §4, the model-server protocol):
 - A field the page did not give keeps its previous value and its update time (upstream's partial
   updates); ``field_times`` says when each was last read. The LoRA fields count as read when the page
   had a usable LoRA series, idle ones included (an idle series says "nothing loaded changed").

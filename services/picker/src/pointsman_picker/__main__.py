@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from pointsman_picker.server import load_checked, serve
-from pointsman_shared import aio, upstream
+from pointsman_shared import aio, cli, upstream
 from pointsman_shared.config import ConfigError
 
 log = logging.getLogger("pointsman_picker")
@@ -29,10 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("POINTSMAN_CONFIG"),
         help="the Pointsman config file, or an upstream EndpointPickerConfig (default: $POINTSMAN_CONFIG)",
     )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
-    )
-    upstream.add_flags(parser, metrics_field="picker.metricsListen")
+    cli.add_common_flags(parser, distribution="pointsman-picker", log_level="info")
+    upstream.add_flags(parser, metrics_field="picker.metricsListen", grpc=True)
     args = parser.parse_args(argv)
     if not args.config:
         parser.error("no config: pass --config FILE (or --config-file) or set POINTSMAN_CONFIG")

@@ -111,6 +111,7 @@ class Decision(NamedTuple):
     outcome: PodSnapshot | Drop
     state: CycleState
     explain: str = ""
+    pods: int = 0  # how many the profile chose among
 
 
 class Director:
@@ -248,7 +249,7 @@ class Director:
                 )
                 notes = self._lifecycle.notes(state)
                 path = trace.describe(pods=len(pods), notes=notes, stale=candidates.stale, outcome=done)
-        return Decision(outcome, state, path)
+        return Decision(outcome, state, path, len(pods))
 
     def commit(self, resolved: Resolved, candidates: Candidates, decision: Decision) -> Routing:
         """The request takes its pod: the plugins hear of it and the decision is counted; a dropped
@@ -263,7 +264,7 @@ class Director:
         for picked in self._picked:
             picked(ticket, request, state)
         result = "picked_stale" if candidates.stale else "picked"
-        return self._routed(resolved, outcome.address, ticket, result, decision.explain)
+        return self._routed(resolved, outcome.address, ticket, result, decision.explain, decision.pods)
 
     def release(self, routing: Routing) -> None:
         """The request ``routing`` sent is over (its stream closed)."""
@@ -274,10 +275,10 @@ class Director:
     def _fail_open(self, resolved: Resolved, candidates: Candidates) -> Routing:
         assert candidates.fallback is not None
         path = f"no fresh pods; failureMode FailOpen; picked {candidates.fallback}"
-        return self._routed(resolved, candidates.fallback, None, "fail_open", path)
+        return self._routed(resolved, candidates.fallback, None, "fail_open", path, 0)
 
     def _routed(
-        self, resolved: Resolved, endpoint: str, ticket: Ticket | None, result: str, path: str
+        self, resolved: Resolved, endpoint: str, ticket: Ticket | None, result: str, path: str, pods: int
     ) -> Routing:
         self._metrics.routed(resolved.model, resolved.target, resolved.priority, self.profile, result)
         return Routing(
@@ -290,6 +291,8 @@ class Director:
             resolved.priority,
             resolved.context.request_id,
             ticket,
+            result,
+            pods,
         )
 
     def _remember(self, snapshot: PoolSnapshot) -> None:

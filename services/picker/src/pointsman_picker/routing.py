@@ -19,6 +19,8 @@ class Routing(NamedTuple):
     priority: int = 0  # the request's objective priority (negative: sheddable)
     request_id: str = ""
     ticket: Ticket | None = None  # what the request plugins hear at its end (None: nothing to release)
+    result: str = "picked"  # the `result` label of its decision (picked, picked_stale, fail_open)
+    pods: int = 0  # the pods the profile chose among
 
 
 @dataclass(frozen=True, slots=True)

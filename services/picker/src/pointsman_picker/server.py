@@ -29,6 +29,7 @@ from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, native_methods
 from pointsman_picker.extproc.stream import StreamSettings
+from pointsman_picker.h2grpc.config import Http2Config
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.health import HealthBoard, health_methods
 from pointsman_picker.metrics import MetricsServer, PickerMetrics, RuntimeCollector, SnapshotCollector
@@ -37,9 +38,11 @@ from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.profiles import build_profile
 from pointsman_picker.scheduling.registry import PluginError
 from pointsman_picker.snapshots import RedisSnapshotSource, SnapshotFeed
+from pointsman_picker.tracing import RouteTracer
 from pointsman_shared import upstream
 from pointsman_shared.config import ConfigError, PointsmanConfig
 from pointsman_shared.keys import RedisKeys
+from pointsman_shared.tracing import Tracing, build_tracing
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +68,12 @@ class PickerApp:
         registry: CollectorRegistry,
         rng: random.Random,
         clock: Callable[[], float],
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.source = source
         self.registry = registry
+        self.tracing = tracing
         self.metrics = PickerMetrics(registry)
         registry.register(SnapshotCollector(source, config.pool.name, clock))
         self.director = Director(config, source, self.metrics, rng=rng, clock=clock, timer=time.perf_counter)
@@ -79,6 +84,7 @@ class PickerApp:
             on_complete=self.metrics.completed,
             on_finish=self._finished,
             clock=time.monotonic,
+            tracer=self._route_tracer(tracing, clock),
         )
         registry.register(RuntimeCollector(open_streams=lambda: self.service.open_streams))
         self.health = HealthBoard()
@@ -104,6 +110,21 @@ class PickerApp:
         self.config = config
         log.info("config reloaded: %d models", len(config.models))
 
+    def _route_tracer(self, tracing: Tracing | None, clock: Callable[[], float]) -> RouteTracer | None:
+        if tracing is None:
+            return None
+
+        def snapshot_age() -> float | None:
+            snapshot = self.source.current()
+            return None if snapshot is None else clock() - snapshot.published_at
+
+        return RouteTracer(
+            tracing.tracer("pointsman_picker"),
+            profile=lambda: self.director.profile,
+            snapshot_age=snapshot_age,
+            objective_header=lambda: self.service.settings.objective_header,
+        )
+
     def _finished(self, routing: Routing) -> None:
         """A routed request's stream ended: its assignment is over, and it no longer runs."""
         self.director.release(routing)
@@ -122,7 +143,7 @@ class PickerApp:
                 {**native_methods(self.service), **health_methods(self.health)},
                 # The body plus the ProcessingRequest around it.
                 max_message_bytes=picker.max_body_bytes + 64 * 1024,
-                http2=picker.http2,
+                http2=Http2Config.of(picker.http2),  # checked when the config was loaded
             )
             self.port = await self._native.start(*split_listen(picker.listen))
         else:
@@ -189,14 +210,18 @@ class PickerApp:
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         await self.source.aclose()
+        if self.tracing is not None:  # the spans still queued go out (within tracing.exportTimeout)
+            await asyncio.to_thread(self.tracing.shutdown)
 
 
 def checked(config: PointsmanConfig, source: str = "<config>") -> PointsmanConfig:
-    """``config``, once its plugins and profiles build; else :class:`ConfigError` naming the bad path."""
+    """``config``, once its plugins and profiles build and ``picker.http2`` is valid; else
+    :class:`ConfigError` naming the bad path."""
     try:
         build_profile(config)
     except PluginError as exc:
         raise ConfigError(source, [(exc.path, exc.message)]) from None
+    Http2Config.of(config.picker.http2, source)
     return config
 
 
@@ -236,9 +261,10 @@ def _restart_only(old: PointsmanConfig, new: PointsmanConfig) -> list[tuple[str,
         ("picker.healthListen", old.picker.health_listen, new.picker.health_listen),
         ("picker.metricsListen", old.picker.metrics_listen, new.picker.metrics_listen),
         ("picker.server", old.picker.server, new.picker.server),
-        ("picker.http2", old.picker.http2, new.picker.http2),
+        ("picker.http2", Http2Config.of(old.picker.http2), Http2Config.of(new.picker.http2)),
         ("redis", old.redis.display, new.redis.display),
         ("pool.name", old.pool.name, new.pool.name),
+        ("tracing", old.tracing, new.tracing),
     ]
     return [(what, a, b) for what, a, b in pairs if a != b]
 
@@ -250,13 +276,20 @@ def create_app(
     registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.time,
+    tracing: Tracing | None = None,
 ) -> PickerApp:
+    """The picker, its parts built from ``config`` where not given (``tracing``: from
+    ``config.tracing``, none when it is off)."""
+    registry = registry if registry is not None else CollectorRegistry()
+    if tracing is None:
+        tracing = build_tracing(config.tracing, "pointsman-picker", registry=registry)
     return PickerApp(
         config,
         source=source or RedisSnapshotSource(config.redis.target, RedisKeys(config.pool.name)),
-        registry=registry if registry is not None else CollectorRegistry(),
+        registry=registry,
         rng=rng or random.Random(),
         clock=clock,
+        tracing=tracing,
     )
 
 

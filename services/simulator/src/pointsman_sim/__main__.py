@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from pointsman_shared import aio
+from pointsman_shared import aio, cli
+from pointsman_shared.config import TracingConfig, tracing_env
+from pointsman_shared.tracing import build_tracing
 from pointsman_sim.metrics import LORA_LABEL_SEMANTICS, METRICS_VERSIONS
 from pointsman_sim.pod import DEFAULT_MODEL, PodSpec, SimPod
 from pointsman_sim.profiles import DEFAULT_PROFILE, ProfileError, load_profile, profile_names
@@ -112,11 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="divide every simulated duration by this, for fast tests (default %(default)s)",
     )
     parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="default %(default)s",
+        "--otlp-traces-endpoint",
+        help="send a span per request over OTLP here, as vLLM's flag (grpc unless "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf; the other OTEL_* variables apply too)",
     )
+    cli.add_common_flags(parser, distribution="pointsman-sim", log_level="warning")
     return parser
 
 
@@ -193,8 +196,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = pod_specs(args, [sock.getsockname()[1] for sock in sockets])
     pods = [SimPod(spec) for spec in specs]
     logger.info("serving %s", ", ".join(f"{pod.name} ({pod.spec.model})" for pod in pods))
-    aio.run(serve_pods(pods, sockets, log_level=args.log_level))
+    tracing = None
+    if args.otlp_traces_endpoint:
+        tracing = build_tracing(tracing_config(args.otlp_traces_endpoint, os.environ), "pointsman-sim")
+    aio.run(serve_pods(pods, sockets, log_level=args.log_level, tracing=tracing))
     return 0
+
+
+def tracing_config(endpoint: str, environ: Mapping[str, str]) -> TracingConfig:
+    """vLLM's tracing: every request with a sampled parent, and every one without (the SDK's default
+    sampler, parentbased_always_on), unless OTEL_TRACES_SAMPLER says otherwise; the flag's endpoint."""
+    found = tracing_env(environ, "grpc")
+    doc = {"sampler": "parentbased_always_on", "enabled": True, **found, "endpoint": endpoint}
+    return TracingConfig.model_validate(doc)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from pointsman_sim.openai_protocol import (
     usage,
 )
 from pointsman_sim.pod import ModelNotServed, SimPod
+from pointsman_sim.request_tracing import RequestTracer
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +65,20 @@ class ResponseShape(Protocol):
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]: ...
 
 
-def create_app(pod: SimPod) -> FastAPI:
-    """The pod's app; the pod must be running (``async with pod``) for generation requests."""
+def create_app(pod: SimPod, *, tracer: RequestTracer | None = None) -> FastAPI:
+    """The pod's app; the pod must be running (``async with pod``) for generation requests. With a
+    ``tracer``, each finished generation request records its span."""
     app = FastAPI(title="pointsman-sim", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(PodHeaderMiddleware, pod_name=pod.name)
     app.add_middleware(DropConnectionsMiddleware, pod=pod)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(pod, request, parse_completion, TextCompletion, "cmpl")
+        return await _generate(pod, request, parse_completion, TextCompletion, "cmpl", tracer)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(pod, request, parse_chat, ChatCompletion, "chatcmpl")
+        return await _generate(pod, request, parse_chat, ChatCompletion, "chatcmpl", tracer)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -161,7 +163,9 @@ async def _generate(
     parse: Callable[[object], GenerationCall],
     shape_type: Callable[[str, str, int], ResponseShape],
     id_prefix: str,
+    tracer: RequestTracer | None = None,
 ) -> Response:
+    arrived_ns = time.time_ns()
     try:
         call = parse(orjson.loads(await request.body()))
     except orjson.JSONDecodeError as exc:
@@ -180,8 +184,13 @@ async def _generate(
     except PodClosed as exc:
         return _error(503, "ServiceUnavailableError", str(exc))
     shape = shape_type(request_id, call.model, int(time.time()))
+
+    def traced() -> None:  # once the request finished: its span
+        if tracer is not None and stream.result is not None:
+            tracer.finished(request.headers, arrived_ns, call.model, call.max_tokens, stream.result)
+
     if call.stream:
-        return StreamingResponse(_events(pod, call, shape, stream), media_type="text/event-stream")
+        return StreamingResponse(_events(pod, call, shape, stream, traced), media_type="text/event-stream")
     try:
         produced = await _until_done_or_gone(stream, request)
     except PodClosed as exc:
@@ -191,6 +200,7 @@ async def _generate(
             pod.cancel(request_id)
     if produced is None:
         return Response(status_code=499)  # nobody is listening; vLLM aborts such requests too
+    traced()
     return _json(shape.body(filler_text(0, produced), "length", usage(call.prompt_tokens, produced)))
 
 
@@ -215,7 +225,11 @@ async def _until_done_or_gone(stream: RequestStream, request: Request) -> int | 
 
 
 async def _events(
-    pod: SimPod, call: GenerationCall, shape: ResponseShape, stream: RequestStream
+    pod: SimPod,
+    call: GenerationCall,
+    shape: ResponseShape,
+    stream: RequestStream,
+    on_finished: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     """The SSE body; a client that goes away cancels this generator, which frees the engine."""
     try:
@@ -226,6 +240,7 @@ async def _events(
             text = filler_text(produced, count)
             produced += count
             yield _event(shape.chunk(text, "length" if produced >= call.max_tokens else None))
+        on_finished()
         if call.include_usage:
             yield _event(shape.usage_chunk(usage(call.prompt_tokens, produced)))
     except PodClosed as exc:

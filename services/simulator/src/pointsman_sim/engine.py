@@ -153,6 +153,14 @@ class FinishedRequest:
     first_token_at: float
     finished_at: float
     adapter: str | None = None
+    scheduled_at: float | None = None
+    """When a step first admitted it (its time in the queue ends)."""
+    adapter_load: float = 0.0
+    """Seconds its admission spent bringing its adapter into a GPU slot."""
+
+    @property
+    def time_in_queue(self) -> float:
+        return (self.scheduled_at if self.scheduled_at is not None else self.arrived_at) - self.arrived_at
 
     @property
     def time_to_first_token(self) -> float:
@@ -220,6 +228,8 @@ class _Request:
     scheduled: int = 0
     """Tokens being computed in the current step."""
     first_token_at: float | None = None
+    scheduled_at: float | None = None  # the start of the step that first admitted it
+    adapter_load: float = 0.0  # seconds spent loading its adapter when it was admitted
     block_hashes: tuple[int, ...] = ()
     """Hashes of the full blocks of the request's known tokens, as far as they are known."""
     cached: list[int] = field(default_factory=list)
@@ -602,8 +612,12 @@ class Engine:
             self._kv_tokens += hit_tokens + count
             budget -= count
             self._running[request.request_id] = request
+            if request.scheduled_at is None:
+                request.scheduled_at = now
             if adapter is not None:
-                load_seconds += self._activate(adapter)
+                loading = self._activate(adapter)
+                load_seconds += loading
+                request.adapter_load += loading
                 self._running_adapters[adapter] += 1
                 _discount(self._waiting_adapters, adapter)
             admitted.append(request)
@@ -687,6 +701,8 @@ class Engine:
                     first_token_at=request.first_token_at,
                     finished_at=now,
                     adapter=request.adapter,
+                    scheduled_at=request.scheduled_at,
+                    adapter_load=request.adapter_load,
                 )
             )
         self._finished += len(finished)

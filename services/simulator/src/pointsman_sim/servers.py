@@ -12,8 +12,10 @@ from contextlib import AsyncExitStack
 
 import uvicorn
 
+from pointsman_shared.tracing import Tracing
 from pointsman_sim.app import create_app
 from pointsman_sim.pod import SimPod
+from pointsman_sim.request_tracing import RequestTracer
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +48,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def pod_server(pod: SimPod, *, log_level: str = "warning") -> PodServer:
+def pod_server(pod: SimPod, *, log_level: str = "warning", tracing: Tracing | None = None) -> PodServer:
+    tracer = None
+    if tracing is not None:
+        tracer = RequestTracer(tracing.tracer("pointsman_sim"), pod=pod.name, speedup=pod.spec.speedup)
     config = uvicorn.Config(
-        create_app(pod),
+        create_app(pod, tracer=tracer),
         lifespan="off",  # the pod's engine runs in `async with pod`, not in the app's lifespan
         access_log=False,
         log_config=None,  # keep the process's logging setup (main's basicConfig); set levels only
@@ -58,13 +63,19 @@ def pod_server(pod: SimPod, *, log_level: str = "warning") -> PodServer:
     return PodServer(config)
 
 
-async def serve_pods(pods: Sequence[SimPod], sockets: Sequence[socket.socket], *, log_level: str) -> None:
-    """Serve each pod on its socket until SIGINT or SIGTERM.
+async def serve_pods(
+    pods: Sequence[SimPod],
+    sockets: Sequence[socket.socket],
+    *,
+    log_level: str,
+    tracing: Tracing | None = None,
+) -> None:
+    """Serve each pod on its socket until SIGINT or SIGTERM (with ``tracing``, each request's span).
 
     The first signal stops accepting connections and gives in-flight requests ``DRAIN_SECONDS`` to
     finish; then (or at a second signal) the pods abort the rest, which end with an error.
     """
-    servers = [pod_server(pod, log_level=log_level) for pod in pods]
+    servers = [pod_server(pod, log_level=log_level, tracing=tracing) for pod in pods]
     loop = asyncio.get_running_loop()
     deadline: asyncio.TimerHandle | None = None
 
@@ -100,4 +111,6 @@ async def serve_pods(pods: Sequence[SimPod], sockets: Sequence[socket.socket], *
             deadline.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if tracing is not None:  # the spans still queued go out
+            await asyncio.to_thread(tracing.shutdown)
     logger.info("stopped %d pod(s)", len(pods))

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 from typing import TextIO
 
@@ -37,10 +38,26 @@ def _parser() -> argparse.ArgumentParser:
         description="Start Redis, simulator pods, collector, picker and Envoy; Ctrl-C stops them all.",
     )
     parser.add_argument(
-        "--config", type=Path, default=Path("config/local.yaml"), help="a PointsmanConfig file"
+        "--version", action="version", version=f"%(prog)s {metadata.version('pointsman-devstack')}"
     )
-    parser.add_argument("--gateway-port", type=int, default=envoy.DEFAULT_GATEWAY_PORT)
-    parser.add_argument("--admin-port", type=int, default=envoy.DEFAULT_ADMIN_PORT, help="Envoy's admin port")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path("config/local.yaml"),
+        help="a PointsmanConfig file, relative to the working directory (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gateway-port",
+        type=int,
+        default=envoy.DEFAULT_GATEWAY_PORT,
+        help="where Envoy takes requests (default %(default)s)",
+    )
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=envoy.DEFAULT_ADMIN_PORT,
+        help="Envoy's admin port (default %(default)s)",
+    )
     parser.add_argument(
         "--run-dir", type=Path, help="where the logs and derived configs go (default .run/...)"
     )
@@ -48,11 +65,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--adapters", help="comma-separated LoRA adapters the pods serve (default: the config's targets)"
     )
-    parser.add_argument("--max-loras", type=int, default=2, help="adapter slots per pod")
-    parser.add_argument("--max-num-seqs", type=int, help="running requests per pod (simulator default)")
-    parser.add_argument("--speedup", type=float, help="simulated time runs this many times faster")
     parser.add_argument(
-        "--pickers", type=int, default=1, help="picker replicas behind Envoy (more than one: free ports)"
+        "--max-loras", type=int, default=2, help="adapter slots per pod (default %(default)s)"
+    )
+    parser.add_argument("--max-num-seqs", type=int, help="running requests per pod (simulator default)")
+    parser.add_argument(
+        "--speedup",
+        type=float,
+        help="simulated time runs this many times faster (default: the simulator's, 1)",
+    )
+    parser.add_argument(
+        "--pickers",
+        type=int,
+        default=1,
+        help="picker replicas behind Envoy (default %(default)s; more than one: free ports)",
     )
     parser.add_argument("--no-docker", action="store_true", help="never start Redis in a container")
     parser.add_argument("--quiet", action="store_true", help="only the log files get the processes' output")

@@ -6,6 +6,8 @@ interface of its container. Everything else — ext_proc, ORIGINAL_DST, the head
 what ``pointsman_devstack.envoy`` renders for the local stack. Two variants are checked in:
 
 - ``deploy/envoy/envoy-compose.yaml`` (``docker-compose.yaml``): two picker replicas by service name;
+  ``deploy/envoy/envoy-compose-tracing.yaml`` the same with the OpenTelemetry tracer exporting to the
+  ``jaeger`` service (``deploy/compose/tracing.yaml``, ``--variant compose-tracing``);
 - ``deploy/k8s/overlays/standalone-envoy/envoy.yaml``: the picker Service, over TLS verified against the
   CA in the ``pointsman-picker-tls`` Secret, presenting the gateway's client certificate (the
   ``pointsman-gateway-tls`` Secret) to a picker that requires one (``--variant kubernetes``).
@@ -31,6 +33,8 @@ COMPOSE_PICKERS = ("picker-1", "picker-2")
 KUBERNETES_PICKER = "pointsman-picker.pointsman.svc.cluster.local"
 KUBERNETES_PICKER_PORT = 9002
 KUBERNETES_TLS_DIR = "/etc/pointsman/tls"
+# The trace viewer of deploy/compose/tracing.yaml: Jaeger all-in-one, taking OTLP/gRPC on 4317.
+COMPOSE_OTLP_ENDPOINT = "http://jaeger:4317"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
 
@@ -98,6 +102,19 @@ def compose_config(config_path: str, *, root: Path = Path()) -> str:
     )
 
 
+def compose_tracing_config(config_path: str, *, root: Path = Path()) -> str:
+    """The checked-in ``deploy/envoy/envoy-compose-tracing.yaml``: the compose bootstrap with every
+    request traced, exported to the ``jaeger`` service."""
+    options = compose_options(load_config(root / config_path, environ={}))
+    options = dataclasses.replace(options, tracing=envoy.EnvoyTracing(COMPOSE_OTLP_ENDPOINT))
+    return _render(
+        compose_bootstrap(options),
+        f"--variant compose-tracing --config {config_path} > deploy/envoy/envoy-compose-tracing.yaml",
+        "deploy/compose/tracing.yaml mounts it into the envoyproxy/envoy container instead.",
+        config_path,
+    )
+
+
 def kubernetes_config(config_path: str, *, root: Path = Path()) -> str:
     """The standalone-envoy overlay's bootstrap: the picker Service over TLS."""
     config = load_config(root / config_path, environ={})
@@ -122,11 +139,13 @@ def _render(doc: dict[str, Any], arguments: str, where: str, config_path: str) -
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Print an Envoy bootstrap for docker-compose or Kubernetes.")
-    parser.add_argument("--variant", choices=["compose", "kubernetes"], default="compose")
+    parser.add_argument("--variant", choices=["compose", "compose-tracing", "kubernetes"], default="compose")
     parser.add_argument("--config", default=None)
     args = parser.parse_args(argv)
     if args.variant == "compose":
         sys.stdout.write(compose_config(args.config or "deploy/compose/pointsman.yaml"))
+    elif args.variant == "compose-tracing":
+        sys.stdout.write(compose_tracing_config(args.config or "deploy/compose/pointsman.yaml"))
     else:
         sys.stdout.write(kubernetes_config(args.config or "deploy/k8s/base/pointsman.yaml"))
 

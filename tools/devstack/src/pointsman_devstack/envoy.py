@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -24,6 +25,7 @@ DEFAULT_GATEWAY_PORT = 8080
 DEFAULT_ADMIN_PORT = 9901
 PICKER_CLUSTER = "pointsman_picker"
 POD_CLUSTER = "pointsman_pods"
+OTLP_CLUSTER = "otlp"
 # The gRPC health service name the picker reports for its ext_proc server (as upstream's does).
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
@@ -39,6 +41,7 @@ _DOWNSTREAM_CONNECTIONS = (
     _TYPE_URL + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
 )
 _CEL_FILTER = _TYPE_URL + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
+_OPENTELEMETRY = _TYPE_URL + "envoy.config.trace.v3.OpenTelemetryConfig"
 
 FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
 BUFFERED = "BUFFERED"
@@ -73,6 +76,32 @@ class EnvoyNotFound(RuntimeError):
 
 
 @dataclass(frozen=True)
+class EnvoyTracing:
+    """Envoy's OpenTelemetry tracer: a span per request (and one per ext_proc call, its child), the W3C
+    context passed to the picker and the pod. A request that arrives with a ``traceparent`` keeps its
+    sampled flag; one without is traced at ``sampling_percent`` (of those with a UUID x-request-id,
+    which Envoy generates when there is none)."""
+
+    endpoint: str  # the OTLP receiver: host:port or http://host:port (grpc), a URL (http/protobuf)
+    protocol: str = "grpc"
+    sampling_percent: float = 100.0
+    service_name: str = "pointsman-gateway"
+    # Envoy exports every 5 s (runtime key tracing.opentelemetry.flush_interval_ms); None keeps that.
+    flush_interval_ms: int | None = None
+
+    @classmethod
+    def from_config(cls, config: PointsmanConfig) -> EnvoyTracing | None:
+        """The config's ``tracing`` section for Envoy: ``ratio`` as its sampling percentage (every
+        sampler but the *traceidratio ones samples all or nothing)."""
+        tracing = config.tracing
+        if not tracing.enabled:
+            return None
+        base = tracing.sampler.removeprefix("parentbased_")
+        percent = {"always_on": 100.0, "always_off": 0.0}.get(base, tracing.ratio * 100.0)
+        return cls(tracing.endpoint, tracing.protocol, percent)
+
+
+@dataclass(frozen=True)
 class EnvoyOptions:
     """What the bootstrap depends on. Addresses are ``host:port`` as the config file writes them."""
 
@@ -103,6 +132,8 @@ class EnvoyOptions:
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
     response_processing: bool = True
+    # None: no tracing (the config's tracing.enabled false).
+    tracing: EnvoyTracing | None = None
 
     @classmethod
     def from_config(
@@ -119,6 +150,7 @@ class EnvoyOptions:
             destination_header=config.picker.destination_header,
             metadata_namespace=config.picker.metadata_namespace,
             max_body_bytes=config.picker.max_body_bytes,
+            tracing=EnvoyTracing.from_config(config),
         )
 
     @property
@@ -141,7 +173,10 @@ def dial_address(listen: str) -> str:
 
 
 def bootstrap(options: EnvoyOptions) -> dict[str, Any]:
-    return {
+    clusters = [_picker_cluster(options), _pod_cluster(options)]
+    if options.tracing is not None:
+        clusters.append(_otlp_cluster(options.tracing))
+    doc: dict[str, Any] = {
         "admin": {"address": _socket_address(options.admin_listen)},
         "overload_manager": {
             "resource_monitors": [
@@ -154,11 +189,12 @@ def bootstrap(options: EnvoyOptions) -> dict[str, Any]:
                 }
             ]
         },
-        "static_resources": {
-            "listeners": [_gateway_listener(options)],
-            "clusters": [_picker_cluster(options), _pod_cluster(options)],
-        },
+        "static_resources": {"listeners": [_gateway_listener(options)], "clusters": clusters},
     }
+    if options.tracing is not None and options.tracing.flush_interval_ms is not None:
+        flush = {"tracing.opentelemetry.flush_interval_ms": options.tracing.flush_interval_ms}
+        doc["layered_runtime"] = {"layers": [{"name": "tracing", "static_layer": flush}]}
+    return doc
 
 
 def render(options: EnvoyOptions, *, header: str = "") -> str:
@@ -197,6 +233,14 @@ def validate(path: Path, *, envoy: str | None = None) -> None:
 
 
 def _gateway_listener(options: EnvoyOptions) -> dict[str, Any]:
+    listener = _listener(options)
+    if options.tracing is not None:
+        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        hcm["tracing"] = _tracing(options.tracing)
+    return listener
+
+
+def _listener(options: EnvoyOptions) -> dict[str, Any]:
     header = options.destination_header
     return {
         "name": "gateway",
@@ -409,6 +453,56 @@ def _picker_cluster(options: EnvoyOptions) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _otlp_target(tracing: EnvoyTracing) -> tuple[str, int, str]:
+    """The receiver's host, port and URL (a bare host:port is read as http://host:port)."""
+    url = tracing.endpoint if "://" in tracing.endpoint else f"http://{tracing.endpoint}"
+    parts = urlsplit(url)
+    default_port = 4317 if tracing.protocol == "grpc" else 4318
+    host, port = parts.hostname or "localhost", parts.port or default_port
+    if tracing.protocol != "grpc" and parts.path in ("", "/"):
+        url = f"{parts.scheme}://{parts.netloc}/v1/traces"
+    return host, port, url
+
+
+def _tracing(tracing: EnvoyTracing) -> dict[str, Any]:
+    exporter: dict[str, Any]
+    if tracing.protocol == "grpc":
+        exporter = {"grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"}}
+    else:
+        url = _otlp_target(tracing)[2]
+        exporter = {"http_service": {"http_uri": {"uri": url, "cluster": OTLP_CLUSTER, "timeout": "1s"}}}
+    return {
+        "random_sampling": {"value": tracing.sampling_percent},
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {"@type": _OPENTELEMETRY, **exporter, "service_name": tracing.service_name},
+        },
+    }
+
+
+def _otlp_cluster(tracing: EnvoyTracing) -> dict[str, Any]:
+    host, port, _url = _otlp_target(tracing)
+    cluster: dict[str, Any] = {
+        "name": OTLP_CLUSTER,
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": OTLP_CLUSTER,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket_address(join_host_port(host, port))}}]}
+            ],
+        },
+    }
+    if tracing.protocol == "grpc":  # OTLP/gRPC needs HTTP/2
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return cluster
 
 
 def _pod_cluster(options: EnvoyOptions) -> dict[str, Any]:

@@ -25,6 +25,9 @@ from typing import Any
 from pointsman_devstack.lifeline import tied_to_parent
 from pointsman_devstack.ports import free_port
 
+# The Redis image of every manifest, compose file and doc (a deploy test holds them to one version).
+REDIS_IMAGE = "redis:7.4.2-alpine"
+
 
 class RedisUnavailable(RuntimeError):
     """No Redis could be found or started."""
@@ -171,7 +174,7 @@ def _docker_answers() -> bool:
 def _start_container() -> RedisServer:
     from testcontainers.community.redis import RedisContainer
 
-    container = RedisContainer("redis:7.4-alpine").start()
+    container = RedisContainer(REDIS_IMAGE).start()
     host = container.get_container_host_ip()
     port = int(container.get_exposed_port(6379))
     return RedisServer(url=f"redis://{host}:{port}/0", source="docker", _container=container)

@@ -131,6 +131,9 @@ class SimOptions:
     # One simulator process per pod (named sim-0, sim-1, ...), so that one pod can die alone; else one
     # process (sim) serves them all.
     process_per_pod: bool = False
+    # Where the pods send their spans (--otlp-traces-endpoint); for_config: the config's tracing.endpoint
+    # when tracing is on.
+    otlp_traces_endpoint: str | None = None
 
     @classmethod
     def for_config(
@@ -145,6 +148,7 @@ class SimOptions:
         process_per_pod: bool = False,
     ) -> SimOptions:
         base, served = served_models(config)
+        tracing = config.tracing
         return cls(
             model=model or base,
             adapters=tuple(adapters) if adapters is not None else served,
@@ -152,6 +156,7 @@ class SimOptions:
             max_num_seqs=max_num_seqs,
             speedup=speedup,
             process_per_pod=process_per_pod,
+            otlp_traces_endpoint=tracing.endpoint if tracing.enabled else None,
         )
 
 
@@ -250,6 +255,8 @@ class StackOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     allow_docker: bool = True
     envoy_concurrency: int | None = 2
+    # How often Envoy exports its spans, when the config traces (None: Envoy's 5 s).
+    envoy_trace_flush_ms: int | None = None
     envoy_log_level: str = "warning"
     startup_timeout: float = 30.0
     stop_grace: float = 5.0
@@ -403,6 +410,9 @@ class Stack:
         env["REDIS_URL"] = self.redis.url
         # Python children buffer stdout in a pipe; unbuffered, their log lines arrive as they happen.
         env["PYTHONUNBUFFERED"] = "1"
+        if self._config.tracing.enabled and self._config.tracing.protocol != "grpc":
+            # The simulator's flag names only the endpoint; the protocol comes as vLLM's does.
+            env.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", self._config.tracing.protocol)
         self._env = env
         derived = derive_config(self._config, self.ports, self.redis.url, self.host)
         self._write_yaml(self.config_file, derived)
@@ -429,7 +439,11 @@ class Stack:
             admin_listen=join_host_port(LOOPBACK, self.ports.envoy_admin),
         )
         pickers = tuple(join_host_port(LOOPBACK, ports[0]) for ports in self.ports.pickers)
-        envoy.write_bootstrap(replace(envoy_options, pickers=pickers), self.envoy_file)
+        envoy_options = replace(envoy_options, pickers=pickers)
+        if envoy_options.tracing is not None and self.options.envoy_trace_flush_ms is not None:
+            flush = replace(envoy_options.tracing, flush_interval_ms=self.options.envoy_trace_flush_ms)
+            envoy_options = replace(envoy_options, tracing=flush)
+        envoy.write_bootstrap(envoy_options, self.envoy_file)
 
         # Each stage's processes start together, then the stage waits until every one is ready.
         stages = [
@@ -540,6 +554,8 @@ class Stack:
             args += ["--max-num-seqs", str(sim.max_num_seqs)]
         if sim.speedup is not None:
             args += ["--speedup", f"{sim.speedup:g}"]
+        if sim.otlp_traces_endpoint is not None:
+            args += ["--otlp-traces-endpoint", sim.otlp_traces_endpoint]
         return args
 
 

@@ -16,6 +16,7 @@ from pointsman_quality import report
 from pointsman_quality.contenders import KNOWN, contenders
 from pointsman_quality.scenario import Scenario, ScenarioError, engine_configs, load_scenario
 from pointsman_quality.sweep import Sweep, VariantResult
+from pointsman_shared import cli
 
 log = logging.getLogger("pointsman_quality")
 
@@ -50,9 +51,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--list-contenders", action="store_true", help="print the built-in contenders and exit"
     )
-    parser.add_argument(
-        "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
-    )
+    cli.add_common_flags(parser, distribution="pointsman-quality", log_level="info")
     return parser.parse_args(argv)
 
 

@@ -17,10 +17,12 @@ from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
     ErrorSink,
+    Metadata,
     Phase,
     RequestStream,
     RouteRequest,
     StreamSettings,
+    Tracer,
 )
 from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
 from pointsman_picker.routing import Routing
@@ -38,8 +40,10 @@ class ExtProcService:
         on_complete: CompletionSink,
         on_finish: Callable[[Routing], None],
         clock: Clock,
+        tracer: Tracer | None = None,
     ) -> None:
         self._route = route
+        self.tracer = tracer  # None: tracing is off, and no stream reads its call's metadata
         self.settings = settings  # swapped on a config reload; each stream keeps the one it began with
         self._on_error = on_error
         self._on_complete = on_complete
@@ -50,7 +54,7 @@ class ExtProcService:
         self.unfinished_streams = 0
         self._cut_after: float | None = None  # on the clock: when shutdown's grace runs out
 
-    def open(self) -> RequestStream:
+    def open(self, metadata: Metadata = ()) -> RequestStream:
         self.open_streams += 1
         return RequestStream(
             self._route,
@@ -58,6 +62,8 @@ class ExtProcService:
             on_error=self._on_error,
             on_complete=self._on_complete,
             clock=self._clock,
+            tracer=self.tracer,
+            metadata=metadata,
         )
 
     def shutting_down(self, grace: float) -> None:
@@ -88,7 +94,8 @@ class GrpcioServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> None:
-        stream = self._service.open()
+        service = self._service
+        stream = service.open(context.invocation_metadata() or () if service.tracer is not None else ())
         try:
             # context.read()/write() rather than the request iterator and yield: grpc.aio's iterator
             # path wraps every message in extra tasks (measured: see docs/picker.md, "Speed").
@@ -108,7 +115,7 @@ class _ProcessCall:
     def __init__(self, service: ExtProcService, server_stream: ServerStream) -> None:
         self._service = service
         self._server_stream = server_stream
-        self._stream = service.open()
+        self._stream = service.open(server_stream.metadata)
         self._done = False
 
     def message(self, payload: bytes) -> None:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -55,6 +55,24 @@ Clock = Callable[[], float]
 
 
 CompletionSink = Callable[[Completion], None]
+Metadata = Iterable[tuple[bytes | str, bytes | str]]
+
+
+class DecisionSpan(Protocol):
+    """What the stream tells a request's span (:class:`pointsman_picker.tracing.RouteSpan`)."""
+
+    def routed(self, routing: Routing) -> None: ...
+
+    def failed(self, error: PickerError) -> None: ...
+
+
+class Tracer(Protocol):
+    """Starts a request's span, or ``None`` when it is not sampled."""
+
+    def start(
+        self, request_id: str, headers: Mapping[str, str], metadata: Metadata
+    ) -> DecisionSpan | None: ...
+
 
 log = logging.getLogger("pointsman_picker.stream")
 
@@ -98,8 +116,13 @@ class RequestStream:
         on_error: ErrorSink,
         on_complete: CompletionSink | None = None,
         clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        metadata: Metadata = (),
     ) -> None:
+        """``metadata`` is the gRPC call's (read only by ``tracer``, for the trace context)."""
         self._route = route
+        self._tracer = tracer
+        self._metadata = metadata
         self._settings = settings
         self._on_error = on_error
         self._on_complete = on_complete
@@ -197,6 +220,9 @@ class RequestStream:
         return self._decide(body, chunks)
 
     def _decide(self, body: bytes | None, chunks: int = 1) -> list[pb.ProcessingResponse]:
+        span = None
+        if self._tracer is not None:
+            span = self._tracer.start(self.request_id, self._headers, self._metadata)
         try:
             routing = self._route(
                 RequestContext(
@@ -204,14 +230,21 @@ class RequestStream:
                     body,
                     self._headers,
                     self._headers.get(self._settings.objective_header),
-                    self._explain,
+                    self._explain or span is not None,  # a traced decision records its path
                 )
             )
         except PickerError as exc:
+            if span is not None:
+                span.failed(exc)
             return self._fail(exc)
         except Exception:
             self.log.exception("routing failed")
-            return self._fail(Internal("internal error"))
+            error = Internal("internal error")
+            if span is not None:
+                span.failed(error)
+            return self._fail(error)
+        if span is not None:
+            span.routed(routing)
         self.phase = Phase.ROUTED
         self.routing = routing
         settings = self._settings

@@ -4,7 +4,7 @@ methods (the ext_proc and health services), apart from both."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 
@@ -34,7 +34,11 @@ class Call(Protocol):
 
 
 class ServerStream(Protocol):
-    """The call's response side; what it is given goes out in order, then the status."""
+    """The call's response side; what it is given goes out in order, then the status. ``metadata`` is
+    the request's header fields as decoded (pseudo-headers too), for what a method reads of the call's
+    metadata (the W3C trace context)."""
+
+    metadata: Sequence[tuple[bytes, bytes]]
 
     def send(self, payload: bytes) -> None: ...
 

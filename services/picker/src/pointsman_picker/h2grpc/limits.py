@@ -1,6 +1,7 @@
-"""What one connection of the HTTP/2 server allows a client, and the token buckets that count floods.
+"""What one connection of the HTTP/2 server allows a client (the budgets that count floods are in
+``budgets.py``).
 
-Pure data and arithmetic: the sans-IO protocol makes every decision from these and a clock it is
+Pure data: the sans-IO protocol makes every decision from these and a clock it is
 given; the timers (handshake, idle, age) are the asyncio side's (``connection.py``, ``server.py``).
 The defaults follow nghttp2's and gRPC core's; ``docs/security.md`` compares them per limit.
 """
@@ -83,25 +84,3 @@ class Timeouts:
 
 
 NO_TIMERS = Timeouts(handshake=None, idle=None)
-
-
-class TokenBucket:
-    """Counts one kind of event against a :class:`Rate`; the clock is the caller's."""
-
-    __slots__ = ("_at", "_burst", "_per_second", "_tokens")
-
-    def __init__(self, rate: Rate, now: float) -> None:
-        self._burst = float(rate.burst)
-        self._per_second = rate.per_second
-        self._tokens = float(rate.burst)
-        self._at = now
-
-    def take(self, now: float) -> bool:
-        """Spend one token; False when the bucket is empty (the event is over budget)."""
-        tokens = min(self._burst, self._tokens + max(now - self._at, 0.0) * self._per_second)
-        self._at = now
-        if tokens < 1.0:
-            self._tokens = tokens
-            return False
-        self._tokens = tokens - 1.0
-        return True

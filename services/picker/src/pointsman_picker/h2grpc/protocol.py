@@ -12,19 +12,23 @@ message as soon as its last byte is read and answers through its ``ServerStream`
 message costs no task, no future and no thread hop, and everything answered while one read is handled
 comes out of one ``data_to_send``.
 
-Defences (each limit in :class:`~pointsman_picker.h2grpc.limits.Limits`): RFC 9113's connection and
-stream errors; the limits advertised in SETTINGS (concurrent streams, header list size) enforced;
-token buckets for resets, PINGs, SETTINGS and empty frames (GOAWAY ENHANCE_YOUR_CALM past them); a
-cap on header-block bytes and CONTINUATION frames; a cap on request bytes held in unfinished
-messages and on responses queued for a peer that grants no window; at most ``max_streams_per_read``
-new streams per turn (:attr:`H2Protocol.backlog` tells the caller to come back). A connection error
-is GOAWAY with its code; an unexpected exception is GOAWAY INTERNAL_ERROR and a logged traceback.
+The connection composes three objects, as h2 composes its windows and settings (each limit in
+:class:`~pointsman_picker.h2grpc.limits.Limits`):
 
-Flow control: each stream's receive window is returned as its messages are consumed, and opened to a
-message's announced length when that is larger; the connection's window is returned as bytes are
-read (each is consumed, dropped, or held within ``max_buffered_bytes``). What this side sends waits
-for the peer's windows and is cut to the peer's frame size; streams waiting on the connection window
-and those waiting on their own are kept apart, so a WINDOW_UPDATE or SETTINGS visits only those.
+- :class:`~pointsman_picker.h2grpc.receive_windows.ReceiveWindows`: the receiving direction's
+  flow-control windows, when they are returned, and the request bytes held in unfinished messages;
+- :class:`~pointsman_picker.h2grpc.send_scheduler.SendScheduler`: the responses queued per stream
+  against the peer's windows and frame size, which streams wait on which window, and the cap on
+  what waits for a peer that grants no window;
+- :class:`~pointsman_picker.h2grpc.budgets.FloodBudgets`: token buckets for resets, PINGs, SETTINGS
+  and empty frames (GOAWAY ENHANCE_YOUR_CALM past them), and the caps on header-block bytes,
+  CONTINUATION frames and settings per frame.
+
+This class keeps the frames' reading and dispatch, the streams and their ends, the header decoder
+and RFC 9113's connection and stream errors; the limits advertised in SETTINGS (concurrent streams,
+header list size) enforced; at most ``max_streams_per_read`` new streams per turn
+(:attr:`H2Protocol.backlog` tells the caller to come back). A connection error is GOAWAY with its
+code; an unexpected exception is GOAWAY INTERNAL_ERROR and a logged traceback.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from pointsman_picker.h2grpc import wire
+from pointsman_picker.h2grpc.budgets import FloodBudgets
 from pointsman_picker.h2grpc.calls import Call, Method, Status
-from pointsman_picker.h2grpc.limits import Limits, Rate, TokenBucket
+from pointsman_picker.h2grpc.limits import Limits
+from pointsman_picker.h2grpc.receive_windows import RECEIVE_WINDOW, ReceiveWindows
+from pointsman_picker.h2grpc.send_scheduler import SendScheduler
 from pointsman_picker.h2grpc.wire import (
     ACK,
     END_HEADERS,
@@ -50,10 +57,7 @@ from pointsman_picker.h2grpc.wire import (
 
 log = logging.getLogger(__name__)
 
-RECEIVE_WINDOW = 16 * 1024 * 1024  # the connection's receive window
-_HALF_RECEIVE_WINDOW = RECEIVE_WINDOW // 2
 MAX_FRAME = 1024 * 1024  # what this side accepts; the peer's own limit caps what it sends
-MAX_SETTINGS = 32  # entries in one SETTINGS frame (nghttp2's NGHTTP2_DEFAULT_MAX_SETTINGS)
 _CONNECTION_SPECIFIC = frozenset(
     {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
 )
@@ -78,6 +82,7 @@ class _Stream:
         "headers_sent",
         "id",
         "inbox",
+        "metadata",
         "outbox",
         "queued",
         "recv_window",
@@ -91,9 +96,10 @@ class _Stream:
         self.connection = connection
         self.id = stream_id
         self.call: Call | None = None
+        self.metadata: Sequence[tuple[bytes, bytes]] = ()  # the request's header fields
         self.inbox = bytearray()  # a request message not yet complete
         self.reserved = 0  # the announced size of that message, counted in the connection's budget
-        self.recv_window = connection._initial_window  # what the peer may still send on this stream
+        self.recv_window = connection._receiving.initial  # what the peer may still send on this stream
         self.outbox: deque[bytes] = deque()  # response bytes waiting for flow-control window
         self.queued = 0  # their size
         # The stream's send window is the peer's initial window plus this: a SETTINGS change of the
@@ -111,19 +117,8 @@ class _Stream:
         if not self.headers_sent:
             self.headers_sent = True
             connection._write(wire.frame(FrameType.HEADERS, END_HEADERS, self.id, wire.RESPONSE_HEADERS))
-        message = wire.grpc_message(payload)
-        outbox = self.outbox
-        if outbox:  # waiting for window already: this waits behind
-            outbox.append(message)
-            self.queued += len(message)
-            connection._queued_more(len(message))
-        else:
-            outbox.append(message)
-            connection._drain(self)
-            if outbox:  # the windows ran out: what is left waits, counted
-                left = sum(len(chunk) for chunk in outbox)
-                self.queued = left
-                connection._queued_more(left)
+        if connection._sending.send(self, wire.grpc_message(payload)):
+            connection._queued_too_much()
         if not connection._reading:
             connection._output_waiting()
 
@@ -143,8 +138,8 @@ class _Stream:
 
 
 class H2Protocol:
-    """One HTTP/2 server connection's state: its streams, both flow-control directions, the header
-    decoder, the flood budgets, the shutdown state, and the bytes waiting to be written.
+    """One HTTP/2 server connection's state: its streams, the header decoder, the shutdown state and
+    the bytes waiting to be written; its receive windows, send scheduling and flood budgets.
 
     ``on_idle`` is told whenever the last open stream ends (the server's shutdown waits on it).
     ``on_output`` is told when a method answers outside :meth:`receive_data` (a call answered later):
@@ -167,7 +162,6 @@ class H2Protocol:
         self._methods = methods
         self._max_message = max_message_bytes
         self._limits = limits
-        self._clock = clock
         self._on_idle = on_idle
         self._on_output = on_output
         self._buffer = bytearray()  # the start of a frame not yet complete
@@ -182,42 +176,22 @@ class H2Protocol:
         self._reset_sent: dict[int, None] = {}
         self._reset_memory = max(256, 2 * limits.max_concurrent_streams)
         self._max_streams = limits.max_concurrent_streams
-        self._max_block = limits.max_header_block
-        self._max_continuations = limits.max_continuations
-        # Receiving.
-        self._initial_window = limits.initial_window_size
-        self._half_window = limits.initial_window_size // 2
-        self._unacked = 0  # read, not yet returned to the connection window
-        self._held = 0  # request bytes reserved by unfinished messages, over every stream
         # (stream, flags, block, depends on itself) of a HEADERS frame whose CONTINUATIONs are due
         self._header_block: tuple[int, int, bytearray, bool] | None = None
         self._checked: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")  # a field list found well-formed
-        self._continuations = 0
         self._turn_left = limits.max_streams_per_read
         self.backlog = False
         """Frames were left unread for the other connections' sake: call ``receive_data(b"")`` again."""
-        # Sending.
-        self._peer_window = wire.DEFAULT_WINDOW  # the peer's initial stream window
-        self._peer_max_frame = wire.DEFAULT_MAX_FRAME
-        self._send_window = wire.DEFAULT_WINDOW  # the connection's
-        self._max_send_delta = 0  # at least every open stream's send_delta (exact when it matters)
-        self._conn_blocked: dict[
-            int, _Stream
-        ] = {}  # streams with window of their own, waiting on the connection's
-        self._stream_blocked: dict[int, _Stream] = {}  # streams waiting on their own window
-        self._queued = 0  # response bytes in the streams' outboxes
         self._out: list[bytes] = []
         self._reading = False  # inside receive_data: nobody needs telling about output
         # stream -> index in _out of trailers not yet handed out, so a reset right behind the
         # half-close can take them back.
         self._trailers_at: dict[int, int] = {}
-        # Budgets.
-        now = clock()
-        self._resets = TokenBucket(limits.resets, now)
-        self._pings = TokenBucket(limits.pings, now)
-        self._settings_budget = TokenBucket(limits.settings, now)
-        self._empty = TokenBucket(limits.empty_frames, now)
-        self._acks_due = 1  # SETTINGS acknowledgements the peer owes this side
+        self._receiving = ReceiveWindows(limits)
+        self._sending: SendScheduler[_Stream] = SendScheduler(
+            self._write, max_queued_bytes=limits.max_queued_bytes
+        )
+        self._budgets = FloodBudgets(limits, clock)
         self._going_away = False
         self._peer_goaway = False
         self.closing = False
@@ -259,7 +233,7 @@ class H2Protocol:
     @property
     def queued_bytes(self) -> int:
         """Response bytes waiting for the peer's flow-control window, and written but not handed out."""
-        return self._queued + sum(len(data) for data in self._out)
+        return self._sending.queued + sum(len(data) for data in self._out)
 
     def receive_data(self, data: bytes) -> None:
         """Handle bytes read from the peer: frames are acted on and complete messages handed to their
@@ -395,9 +369,9 @@ class H2Protocol:
             if len(payload) != 8:
                 raise H2ConnectionError("PING of the wrong length", ErrorCode.FRAME_SIZE_ERROR)
             if flags & ACK:
-                self._spend(self._empty, self._limits.empty_frames, "empty frames")  # this side sends none
+                self._budgets.empty()  # this side sends none
             else:
-                self._spend(self._pings, self._limits.pings, "PINGs")
+                self._budgets.ping()
                 self._write(wire.frame(FrameType.PING, ACK, 0, payload))
         elif kind == FrameType.GOAWAY:
             if stream_id:
@@ -405,7 +379,7 @@ class H2Protocol:
             if len(payload) < 8:
                 raise H2ConnectionError("GOAWAY too short", ErrorCode.FRAME_SIZE_ERROR)
             if self._peer_goaway:
-                self._spend(self._empty, self._limits.empty_frames, "empty frames")
+                self._budgets.empty()
             self._peer_goaway = self._going_away = True
             self._close_if_idle()
         elif kind == FrameType.PUSH_PROMISE:
@@ -413,22 +387,18 @@ class H2Protocol:
         elif kind == FrameType.PRIORITY:
             self._priority(stream_id, payload)
         else:  # unknown frame types are ignored, as RFC 9113 §4.1 asks, and counted
-            self._spend(self._empty, self._limits.empty_frames, "empty frames")
+            self._budgets.empty()
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
             raise H2ConnectionError("DATA on stream 0")
         size = len(payload)
         # Every byte read is consumed, dropped or held within max_buffered_bytes: the connection's
-        # window goes back at once (so what the peer has of it is RECEIVE_WINDOW - _unacked); the
-        # stream's only as its messages are consumed.
-        unacked = self._unacked + size
-        if unacked >= _HALF_RECEIVE_WINDOW:
-            if unacked > RECEIVE_WINDOW:
-                raise H2ConnectionError("DATA past the connection's window", ErrorCode.FLOW_CONTROL_ERROR)
-            self._write(wire.window_update(0, unacked))
-            unacked = 0
-        self._unacked = unacked
+        # window goes back at once; the stream's only as its messages are consumed.
+        receiving = self._receiving
+        increment = receiving.connection_read(size)
+        if increment:
+            self._write(wire.window_update(0, increment))
         stream = self._streams.get(stream_id)
         if stream is None:
             self._data_on_closed(stream_id)
@@ -436,12 +406,11 @@ class H2Protocol:
         if stream.remote_closed:  # RFC 9113 §5.1 half-closed (remote)
             self._stream_error(stream_id, ErrorCode.STREAM_CLOSED, "DATA after END_STREAM")
             return
-        if size > stream.recv_window:
+        if not receiving.stream_read(stream, size):
             self._stream_error(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA past the stream's window")
             return
-        stream.recv_window -= size
         if not size and not flags & END_STREAM:
-            self._spend(self._empty, self._limits.empty_frames, "empty frames")
+            self._budgets.empty()
         payload = wire.unpad(payload, flags)
         if payload:
             self._messages(stream, payload)
@@ -450,30 +419,15 @@ class H2Protocol:
             if not stream.remote_closed:
                 self._remote_closed(stream)
         elif not stream.finished:
-            if stream.inbox:
-                self._open_window(stream)
-            else:
-                grant = self._initial_window - stream.recv_window
-                if grant >= self._half_window:
-                    self._write(wire.window_update(stream.id, grant))
-                    stream.recv_window += grant
+            grant = receiving.stream_grant(stream)
+            if grant:
+                self._write(wire.window_update(stream.id, grant))
 
     def _data_on_closed(self, stream_id: int) -> None:
         if self._is_idle(stream_id):
             raise H2ConnectionError(f"DATA on idle stream {stream_id}")
         if stream_id not in self._reset_sent:  # else sent before the peer saw this side's reset
             self._stream_error(stream_id, ErrorCode.STREAM_CLOSED, "DATA on a closed stream")
-
-    def _open_window(self, stream: _Stream) -> None:
-        """The stream holds part of a message: let the peer send the rest of it (however large), and
-        otherwise return what was consumed."""
-        held = len(stream.inbox)
-        need = stream.reserved - held if stream.reserved else 0
-        target = max(self._initial_window - held, need)
-        grant = target - stream.recv_window
-        if grant > 0 and (grant >= self._half_window or stream.recv_window < need):
-            self._write(wire.window_update(stream.id, grant))
-            stream.recv_window += grant
 
     def _messages(self, stream: _Stream, payload: bytes) -> None:
         if stream.finished:
@@ -504,21 +458,16 @@ class H2Protocol:
             self._dispatch(stream, message)
             if stream.finished:
                 inbox.clear()
-                self._release(stream)
+                self._receiving.release(stream)
                 return
-        if pending != stream.reserved:
-            held = self._held + pending - stream.reserved
-            # One message alone always fits (the message cap bounds it); past that, the budget holds.
-            if pending and held > self._limits.max_buffered_bytes and held > pending:
-                self._refuse(
-                    stream,
-                    Status.RESOURCE_EXHAUSTED,
-                    f"the connection holds {self._held} bytes of unfinished messages"
-                    f" (limit {self._limits.max_buffered_bytes})",
-                )
-                return
-            self._held = held
-            stream.reserved = pending
+        if pending != stream.reserved and not self._receiving.hold(stream, pending):
+            self._refuse(
+                stream,
+                Status.RESOURCE_EXHAUSTED,
+                f"the connection holds {self._receiving.held} bytes of unfinished messages"
+                f" (limit {self._limits.max_buffered_bytes})",
+            )
+            return
         if data is inbox:
             del inbox[:at]
         elif at < end:
@@ -542,43 +491,31 @@ class H2Protocol:
                 raise H2ConnectionError("HEADERS too short for its priority", ErrorCode.FRAME_SIZE_ERROR)
             self_dependent = wire.u32(payload) & wire.MAX_WINDOW == stream_id
             payload = payload[5:]
-        if len(payload) > self._max_block:
-            raise self._block_too_large(len(payload))
+        budgets = self._budgets
+        if len(payload) > budgets.max_block:
+            raise budgets.block_too_large(len(payload))
         if flags & END_HEADERS:
             self._header_block_done(stream_id, flags, payload, self_dependent)
         else:
             if not payload:
-                self._spend(self._empty, self._limits.empty_frames, "empty frames")
+                budgets.empty()
             self._header_block = (stream_id, flags, bytearray(payload), self_dependent)
-            self._continuations = 0
+            budgets.block_started()
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         pending = self._header_block
         if pending is None or pending[0] != stream_id:
             raise H2ConnectionError("CONTINUATION without its HEADERS")
-        self._continuations += 1
-        if self._continuations > self._max_continuations:
-            raise H2ConnectionError(
-                f"more than {self._max_continuations} CONTINUATION frames in one header block",
-                ErrorCode.ENHANCE_YOUR_CALM,
-            )
+        budgets = self._budgets
+        budgets.continuation()
         if not payload and not flags & END_HEADERS:
-            self._spend(self._empty, self._limits.empty_frames, "empty frames")
+            budgets.empty()
         block = pending[2]
-        if len(block) + len(payload) > self._max_block:
-            raise self._block_too_large(len(block) + len(payload))
+        budgets.header_block(len(block) + len(payload))
         block += payload
         if flags & END_HEADERS:
             self._header_block = None
             self._header_block_done(stream_id, pending[1], bytes(block), pending[3])
-
-    def _block_too_large(self, size: int) -> H2ConnectionError:
-        # Not decoded, the block leaves this side's HPACK table behind the peer's: the connection
-        # cannot go on (RFC 9113 §4.3).
-        return H2ConnectionError(
-            f"a header block of {size}+ bytes, past {self._limits.max_header_block}",
-            ErrorCode.COMPRESSION_ERROR,
-        )
 
     def _header_block_done(self, stream_id: int, flags: int, block: bytes, self_dependent: bool) -> None:
         decoder = self._decoder
@@ -605,7 +542,7 @@ class H2Protocol:
             return
         if len(self._streams) >= self._max_streams:
             self._refuse_stream(stream_id)
-            self._spend(self._resets, self._limits.resets, "stream resets")
+            self._budgets.reset()
             return
         self._turn_left -= 1
         if decoder.oversized:
@@ -630,6 +567,7 @@ class H2Protocol:
             return
         method = self._methods.get(path)
         stream = self._open(stream_id)
+        stream.metadata = fields
         if method is None:
             stream.remote_closed = bool(flags & END_STREAM)
             stream.finish(Status.UNIMPLEMENTED, f"unknown method {path[:_MESSAGE_PATH].decode('latin-1')}")
@@ -681,7 +619,7 @@ class H2Protocol:
             # stream this side has answered on is the client done with it (Envoy resets its ext_proc
             # streams when the exchange ends, hundreds a second at load): not counted.
             if not answered:
-                self._spend(self._resets, self._limits.resets, "stream resets")
+                self._budgets.reset()
         elif stream_id in self._trailers_at:
             # Envoy ends each ext_proc stream with END_STREAM and RST_STREAM in one write: the
             # trailers answering the first are not wanted; not sending them spares a write and a
@@ -697,12 +635,8 @@ class H2Protocol:
         if not stream_id:
             if not increment:
                 raise H2ConnectionError("WINDOW_UPDATE of 0 on the connection")
-            self._send_window += increment
-            if self._send_window > wire.MAX_WINDOW:
-                raise H2ConnectionError("connection window overflow", ErrorCode.FLOW_CONTROL_ERROR)
-            blocked = self._conn_blocked
-            while blocked and self._send_window > 0:
-                self._drain(blocked.pop(next(iter(blocked))))
+            for waiting in self._sending.grow_connection(increment):
+                self._drain(waiting)
             return
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -712,13 +646,11 @@ class H2Protocol:
         if not increment:
             self._stream_error(stream_id, ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             return
-        stream.send_delta += increment
-        if self._peer_window + stream.send_delta > wire.MAX_WINDOW:
+        sending = self._sending
+        if not sending.grow_stream(stream, increment):
             self._stream_error(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "stream window overflow")
             return
-        if stream.send_delta > self._max_send_delta:
-            self._max_send_delta = stream.send_delta
-        if self._stream_blocked.pop(stream_id, None) is not None:
+        if sending.unblock(stream):
             self._drain(stream)
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -727,44 +659,27 @@ class H2Protocol:
         if flags & ACK:
             if payload:
                 raise H2ConnectionError("SETTINGS acknowledgement with a payload", ErrorCode.FRAME_SIZE_ERROR)
-            if self._acks_due:
-                self._acks_due -= 1
-            else:
-                self._spend(self._empty, self._limits.empty_frames, "empty frames")
+            self._budgets.settings_ack()
             return
-        self._spend(self._settings_budget, self._limits.settings, "SETTINGS frames")
-        if len(payload) > 6 * MAX_SETTINGS:
-            raise H2ConnectionError(
-                f"more than {MAX_SETTINGS} settings in one frame", ErrorCode.ENHANCE_YOUR_CALM
-            )
+        self._budgets.settings(len(payload))
+        sending = self._sending
         grew = False
         for key, value in wire.parse_settings(payload):
             if key == Setting.INITIAL_WINDOW_SIZE:
-                if value > wire.MAX_WINDOW:
-                    raise H2ConnectionError("initial window too large", ErrorCode.FLOW_CONTROL_ERROR)
-                if value + self._max_send_delta > wire.MAX_WINDOW:
-                    # Rare: find the exact largest stream window before calling it an overflow.
-                    self._max_send_delta = max((s.send_delta for s in self._streams.values()), default=0)
-                    if value + self._max_send_delta > wire.MAX_WINDOW:
-                        raise H2ConnectionError("a stream window overflows", ErrorCode.FLOW_CONTROL_ERROR)
-                grew = grew or value > self._peer_window
-                self._peer_window = value
+                grew = sending.set_initial_window(value, self._streams.values()) or grew
             elif key == Setting.MAX_FRAME_SIZE:
-                if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
-                    raise H2ConnectionError("bad MAX_FRAME_SIZE")
-                self._peer_max_frame = value
+                sending.set_max_frame(value)
             elif key == Setting.ENABLE_PUSH and value > 1:
                 raise H2ConnectionError("bad ENABLE_PUSH")
         self._write(wire.frame(FrameType.SETTINGS, ACK, 0))
-        if grew and self._stream_blocked:
-            blocked, self._stream_blocked = self._stream_blocked, {}
-            for stream in blocked.values():
+        if grew:
+            for stream in sending.take_stream_blocked():
                 self._drain(stream)
 
     def _priority(self, stream_id: int, payload: bytes) -> None:
         if not stream_id:
             raise H2ConnectionError("PRIORITY on stream 0")
-        self._spend(self._empty, self._limits.empty_frames, "empty frames")
+        self._budgets.empty()
         if stream_id not in self._streams:
             return  # idle or closed: nothing to reset (RFC 9113 §6.3 allows PRIORITY on any)
         if len(payload) != 5:
@@ -776,13 +691,6 @@ class H2Protocol:
         """Never opened: above the last client stream, or one this server would have had to open."""
         return stream_id > self._last_stream_id or not stream_id & 1
 
-    def _spend(self, bucket: TokenBucket, rate: Rate, what: str) -> None:
-        if not bucket.take(self._clock()):
-            raise H2ConnectionError(
-                f"more {what} than {rate.burst} at once or {rate.per_second:g} a second",
-                ErrorCode.ENHANCE_YOUR_CALM,
-            )
-
     def _stream_error(self, stream_id: int, code: ErrorCode, reason: str) -> None:
         """RFC 9113 §5.4.2: RST_STREAM with ``code``; the call, if any, is cancelled. Counted with the
         client's resets: a client that makes this side reset streams works it as rapid reset does."""
@@ -792,7 +700,7 @@ class H2Protocol:
         if stream is not None:
             self._end(stream, cancelled=True)
         self._remember_reset(stream_id)
-        self._spend(self._resets, self._limits.resets, "stream resets")
+        self._budgets.reset()
 
     def _remember_reset(self, stream_id: int) -> None:
         reset = self._reset_sent
@@ -813,15 +721,13 @@ class H2Protocol:
         if not self.closing:  # past the close, as a closing transport would, nothing more goes out
             self._out.append(data)
 
-    def _queued_more(self, size: int) -> None:
-        self._queued += size
-        if self._queued > self._limits.max_queued_bytes:
-            self._fail(
-                H2ConnectionError(
-                    f"{self._queued} response bytes wait for window from a peer that does not grant it",
-                    ErrorCode.ENHANCE_YOUR_CALM,
-                )
+    def _queued_too_much(self) -> None:
+        self._fail(
+            H2ConnectionError(
+                f"{self._sending.queued} response bytes wait for window from a peer that does not grant it",
+                ErrorCode.ENHANCE_YOUR_CALM,
             )
+        )
 
     def _output_waiting(self) -> None:
         if self._out and self._on_output is not None:
@@ -829,30 +735,8 @@ class H2Protocol:
 
     def _drain(self, stream: _Stream) -> None:
         """Send what the windows allow of the stream's responses, then its trailers."""
-        outbox = stream.outbox
-        while outbox:
-            window = self._peer_window + stream.send_delta
-            if window <= 0:
-                self._stream_blocked[stream.id] = stream
-                return
-            if window > self._send_window:
-                window = self._send_window
-                if window <= 0:
-                    self._conn_blocked[stream.id] = stream
-                    return
-            chunk = outbox[0]
-            size = min(len(chunk), window, self._peer_max_frame)
-            if size < len(chunk):
-                outbox[0] = chunk[size:]
-                chunk = chunk[:size]
-            else:
-                outbox.popleft()
-            stream.send_delta -= size
-            self._send_window -= size
-            if stream.queued:
-                stream.queued -= size
-                self._queued -= size
-            self._write(wire.frame(FrameType.DATA, 0, stream.id, chunk))
+        if not self._sending.drain(stream):
+            return
         if stream.trailers is not None:
             if not self.closing:
                 self._trailers_at[stream.id] = len(self._out)
@@ -868,36 +752,27 @@ class H2Protocol:
     def _refuse(self, stream: _Stream, status: Status, message: str) -> None:
         """End a call this side cannot go on with; the method hears it as cancelled."""
         stream.inbox.clear()
-        self._release(stream)
+        self._receiving.release(stream)
         call, stream.call = stream.call, None
         stream.finish(status, message)
         if call is not None:
             _cancel(call, stream.id)
 
-    def _release(self, stream: _Stream) -> None:
-        if stream.reserved:
-            self._held -= stream.reserved
-            stream.reserved = 0
-
     def _close_if_done(self, stream: _Stream) -> None:
         done = stream.finished and stream.remote_closed and stream.trailers is None and not stream.outbox
         if done and self._streams.pop(stream.id, None) is not None:
             if stream.reserved:
-                self._release(stream)
+                self._receiving.release(stream)
             self._close_if_idle()
 
     def _end(self, stream: _Stream, *, cancelled: bool) -> None:
         if self._streams.pop(stream.id, None) is None:
             return
         stream.finished = stream.remote_closed = True
-        self._conn_blocked.pop(stream.id, None)
-        self._stream_blocked.pop(stream.id, None)
-        self._queued -= stream.queued
-        stream.queued = 0
-        stream.outbox.clear()
+        self._sending.forget(stream)
         stream.trailers = None
         stream.inbox.clear()
-        self._release(stream)
+        self._receiving.release(stream)
         call, stream.call = stream.call, None
         if cancelled and call is not None:
             _cancel(call, stream.id)

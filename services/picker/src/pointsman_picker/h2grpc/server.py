@@ -21,10 +21,10 @@ from typing import cast
 
 from pointsman_picker.h2grpc import wire
 from pointsman_picker.h2grpc.calls import Method
+from pointsman_picker.h2grpc.config import Http2Budget, Http2Config
 from pointsman_picker.h2grpc.connection import H2Connection
 from pointsman_picker.h2grpc.limits import Limits, Rate, Timeouts
 from pointsman_shared import aio
-from pointsman_shared.config import Http2Budget, Http2Config
 
 log = logging.getLogger(__name__)
 
