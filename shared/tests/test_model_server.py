@@ -38,6 +38,19 @@ def test_fixture_page(name: str) -> None:
         assert excinfo.value.reason == "parse"
         return
     got = read_page(page, names)
+    # The prefix cache and the KV geometry, where the page tells them.
+    counters = (got.prefix_cache.queries, got.prefix_cache.hits) if got.prefix_cache else None
+    want = (
+        (expected["prefix_cache_queries"], expected["prefix_cache_hits"])
+        if "prefix_cache_queries" in expected
+        else None
+    )
+    assert counters == want
+    assert got.prefix_cache_hit_rate == expected.get("prefix_cache_hit_rate")
+    assert (got.block_size, got.num_gpu_blocks) == (
+        expected.get("block_size"),
+        expected.get("num_gpu_blocks"),
+    )
     if "error" in expected:
         # The LoRA series is unusable, the rest of the page still counts.
         assert got.lora_error == expected["error"]
@@ -151,3 +164,51 @@ def test_kv_is_read_under_either_name_whichever_comes_first(page: str, kv: float
 def test_idle_max_lora(lines: list[str], idle_max_lora: int | None) -> None:
     page = "vllm:num_requests_waiting 1\n" + "".join(lines)
     assert read_page(page, PRESETS["vllm"]).idle_max_lora == idle_max_lora
+
+
+HEAD = '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 1.0\n'
+
+
+@pytest.mark.parametrize(
+    ("lines", "counters", "rate", "geometry"),
+    [
+        pytest.param(
+            'vllm:gpu_prefix_cache_queries_total{engine="0"} 10.0\n'
+            'vllm:gpu_prefix_cache_hits_total{engine="0"} 4.0\n',
+            (10.0, 4.0),
+            None,
+            (None, None),
+            id="v1-0.8-names",
+        ),
+        pytest.param(
+            'vllm:prefix_cache_queries_total{engine="0"} 10.0\n', None, None, (None, None), id="hits-missing"
+        ),
+        pytest.param(
+            'vllm:gpu_prefix_cache_hit_rate{model_name="m"} -1.0\n', None, None, (None, None), id="v0-off"
+        ),
+        pytest.param(
+            'vllm:gpu_prefix_cache_hit_rate{model_name="m"} 0.5\n', None, 0.5, (None, None), id="v0-on"
+        ),
+        pytest.param(
+            'vllm:cache_config_info{block_size="32",num_gpu_blocks="x"} 1.0\n',
+            None,
+            None,
+            (32, None),
+            id="blocks-not-a-count",
+        ),
+        pytest.param(
+            'vllm:cache_config_info{block_size="0"} 1.0\n', None, None, (None, None), id="no-block-size"
+        ),
+    ],
+)
+def test_prefix_cache_families(
+    lines: str,
+    counters: tuple[float, float] | None,
+    rate: float | None,
+    geometry: tuple[int | None, int | None],
+) -> None:
+    got = read_page(HEAD + lines, PRESETS["vllm"])
+    assert ((got.prefix_cache.queries, got.prefix_cache.hits) if got.prefix_cache else None) == counters
+    assert got.prefix_cache_hit_rate == rate
+    assert (got.block_size, got.num_gpu_blocks) == geometry
+    assert got.waiting == 1  # the rest of the page still counts

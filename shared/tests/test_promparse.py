@@ -7,6 +7,7 @@ from pointsman_shared.promparse import (
     _seen_sample,
     read_family,
     read_first_family,
+    read_last_family,
     read_samples,
 )
 
@@ -169,3 +170,19 @@ def test_read_first_family(
 ) -> None:
     got = read_first_family(page, names)
     assert (got if got is None else (got[0], [s.value for s in got[1]])) == expected
+
+
+@pytest.mark.parametrize(
+    ("page", "values"),
+    [
+        pytest.param('a 1\ninfo{e="0"} 1\ninfo{e="1"} 2\n', [1.0, 2.0], id="at-the-end"),
+        pytest.param('info{e="0"} 1\ninfo{e="1"} 2\nb 3\n', [1.0, 2.0], id="first-line"),
+        pytest.param(
+            "a 1\ninfo_total 5\ninfo 3\n# HELP info x\n", [3.0], id="not-a-longer-name-nor-a-comment"
+        ),
+        pytest.param("a 1\n", [], id="absent"),
+    ],
+)
+def test_read_last_family_is_read_family_from_the_end(page: str, values: list[float]) -> None:
+    assert [s.value for s in read_last_family(page, "info")] == values
+    assert read_last_family(page, "info") == read_family(page, "info")

@@ -253,3 +253,11 @@ def test_without_the_gate_or_a_section_flow_control_stays_off():
     assert "flowControl" not in translated
     assert not parse_config(translated).flow_control.enabled
     assert any("saturationDetector" in w for w in warnings)
+
+
+@pytest.mark.parametrize("parameters", ["0", True, [1]], ids=["string", "bool", "list"])
+def test_plugin_parameters_that_are_not_a_mapping_are_refused_by_path(parameters):
+    doc = {"kind": "EndpointPickerConfig", "plugins": [{"type": "queue-scorer", "parameters": parameters}]}
+    translated, _ = upstream.from_endpoint_picker_config(doc, "epp.yaml")
+    with pytest.raises(ConfigError, match=r"plugins\[0\]\.parameters"):
+        parse_config(translated)

@@ -96,6 +96,8 @@ def as_expected(pod: PodSnapshot) -> dict[str, object]:
         "running_adapters": sorted(pod.running_adapters),
         "waiting_adapters": sorted(pod.waiting_adapters),
         "active_adapters": sorted(pod.active_adapters),
+        "block_size": pod.block_size,
+        "num_gpu_blocks": pod.num_gpu_blocks,
     }
 
 

@@ -51,7 +51,14 @@ def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
     assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") is None
     assert value(registry, "pointsman_collector_snapshot_age_seconds", pool="p") is None
     source.snapshot = pool(
-        pod(address="a:1", waiting=4, running=2, kv=0.5, adapters=frozenset({"x", "y"})),
+        pod(
+            address="a:1",
+            waiting=4,
+            running=2,
+            kv=0.5,
+            adapters=frozenset({"x", "y"}),
+            prefix_cache_hit_rate=0.75,
+        ),
         pod(address="b:1", waiting=2, kv=0.25, waiting_adapters=frozenset({"x"})),
         pod(address="c:1", waiting=100, kv=1.0, healthy=False, reason="timeout"),
     )
@@ -62,6 +69,9 @@ def test_per_pod_and_pool_gauges_follow_the_snapshot(setup) -> None:
     assert value(registry, "pointsman_pod_active_adapters", **a) == 2
     assert value(registry, "pointsman_pod_healthy", **a) == 1
     assert value(registry, "pointsman_pod_healthy", pool="p", pod="c:1") == 0
+    # Only a pod that exports prefix-cache metrics has a hit rate.
+    assert value(registry, "pointsman_pod_prefix_cache_hit_rate", **a) == 0.75
+    assert value(registry, "pointsman_pod_prefix_cache_hit_rate", pool="p", pod="b:1") is None
     # Averages over the ready pods only: the unhealthy pod's numbers are not current.
     assert value(registry, "inference_pool_ready_pods", name="p") == 2
     assert value(registry, "inference_pool_average_kv_cache_utilization", name="p") == pytest.approx(0.375)

@@ -23,7 +23,7 @@ from pointsman_collector.normalize import (
     same_load,
 )
 from pointsman_collector.scrape import parse_page
-from pointsman_shared.model_server import PRESETS, LoraState, PageMetrics
+from pointsman_shared.model_server import PRESETS, LoraState, PageMetrics, PrefixCounters
 from pointsman_shared.snapshot import FieldTimes, PodSnapshot
 from pointsman_testkit import every_field_set, pod
 
@@ -296,3 +296,50 @@ def test_normalize_is_pure() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def prefix_page(queries: float, hits: float) -> PageMetrics:
+    return replace(page(waiting=1), prefix_cache=PrefixCounters(queries, hits))
+
+
+def scrapes(readings: list[tuple[float, float, float]], window: float = 30.0) -> list[float | None]:
+    """The hit rate published after each scrape of ``(seconds in, queries, hits)``."""
+    state, rates = FRESH, []
+    for at, queries, hits in readings:
+        state = on_page(state, prefix_page(queries, hits), NOW + at, window)
+        rates.append(state.snapshot.prefix_cache_hit_rate)
+    return rates
+
+
+@pytest.mark.parametrize(
+    ("readings", "rates"),
+    [
+        pytest.param([(0, 0, 0)], [0.0], id="exports-no-query-yet"),
+        pytest.param([(0, 1000, 500)], [0.5], id="first-reading-since-start"),
+        pytest.param([(0, 1000, 500), (1, 2000, 1400)], [0.5, 0.9], id="over-the-window-not-since-start"),
+        pytest.param([(0, 1000, 500), (1, 1000, 500)], [0.5, 0.5], id="no-query-keeps-the-rate"),
+        pytest.param([(0, 5000, 100), (1, 100, 100)], [0.02, 0.02], id="reset-starts-again"),
+        pytest.param(
+            # Readings kept 3 s apart; at 40 s the window starts at the reading of 12 s (or later).
+            [(0, 0, 0), *((float(t), 100.0 * t, 0.0) for t in range(1, 31)), (40, 4000, 1000)],
+            [*([0.0] * 31), 1000 / (4000 - 1200)],
+            id="old-readings-leave-the-window",
+        ),
+    ],
+)
+def test_the_prefix_hit_rate_is_over_the_window(
+    readings: list[tuple[float, float, float]], rates: list[float]
+) -> None:
+    assert scrapes(readings) == [pytest.approx(r) for r in rates]
+
+
+def test_a_v0_gauge_and_the_cache_config_carry_into_the_snapshot() -> None:
+    v0 = replace(page(waiting=1), prefix_cache_hit_rate=0.25, block_size=16, num_gpu_blocks=27386)
+    after = on_page(FRESH, v0, NOW)
+    snapshot = after.snapshot
+    assert (snapshot.prefix_cache_hit_rate, snapshot.block_size, snapshot.num_gpu_blocks) == (0.25, 16, 27386)
+    # A page without them keeps them; a failed scrape keeps the readings too.
+    again = on_page(after, page(waiting=2), NOW + 1)
+    assert (again.snapshot.prefix_cache_hit_rate, again.snapshot.block_size) == (0.25, 16)
+    counted = on_page(FRESH, prefix_page(100, 50), NOW)
+    assert on_failure(counted, "timeout", NOW + 1, POLICY).readings == counted.readings

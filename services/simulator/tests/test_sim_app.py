@@ -354,3 +354,36 @@ async def test_control_state_shows_the_engine_counters(client: httpx.AsyncClient
     totals = state["totals"]
     # One slot and a CPU cache of one: every switch loads from disk and evicts the idle adapter.
     assert (totals["finished"], totals["lora_loads_from_disk"], totals["lora_evictions"]) == (3, 3, 2)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "hits"),
+    [
+        pytest.param(
+            completion(prompt="s" * 400 + "a"), completion(prompt="s" * 400 + "b"), 96, id="shared-prefix"
+        ),
+        pytest.param(
+            chat(messages=[{"role": "system", "content": "s" * 400}, {"role": "user", "content": "a"}]),
+            chat(messages=[{"role": "system", "content": "s" * 400}, {"role": "user", "content": "b"}]),
+            96,
+            id="chat-system-prompt",
+        ),
+        pytest.param(
+            completion(prompt=list(range(64))), completion(prompt=list(range(64))), 48, id="token-ids"
+        ),
+        pytest.param(
+            completion(prompt="s" * 400), completion("sql-lora", prompt="s" * 400), 0, id="other-adapter"
+        ),
+    ],
+)
+async def test_prompts_that_share_a_prefix_hit_the_cache(
+    client: httpx.AsyncClient, first: dict[str, object], second: dict[str, object], hits: int
+) -> None:
+    # 400 characters are 100 tokens: 6 full blocks; the same 64 ids are 4 blocks, of which 3 may hit.
+    for body in (first, second):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        assert (await client.post(path, json={**body, "max_tokens": 2})).status_code == 200
+    totals = (await client.get("/control")).json()["totals"]
+    assert totals["prefix_cache_hits"] == hits
+    page = (await client.get("/metrics")).text
+    assert f'vllm:prefix_cache_hits_total{{engine="0",model_name="{DEFAULT_MODEL}"}} {float(hits)}' in page

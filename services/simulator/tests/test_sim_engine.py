@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pointsman_sim.engine import BLOCK_SIZE, Engine, EngineConfig, RequestRejected, StepTimeModel
+from pointsman_sim.prefix import Span, spans_block_hashes
 
 
 @dataclass(frozen=True)
@@ -368,3 +374,143 @@ def test_invariants_hold_under_random_load(chunked: bool, seed: int) -> None:
     assert totals.preemptions > 0
     assert totals.lora_evictions > 0
     assert e.kv_usage == 0.0
+
+
+# -- automatic prefix caching ----------------------------------------------------------------------
+
+
+def hashed(tokens: int, seed: int = 0, adapter: str | None = None) -> tuple[int, ...]:
+    return spans_block_hashes((Span(seed, tokens),), adapter, BLOCK_SIZE)
+
+
+def ttft_of(e: Engine, request_id: str, prompt: int, hashes: tuple[int, ...], now: float) -> float:
+    e.submit(request_id, prompt, 4, None, now, hashes)
+    while e.has_work:
+        result = e.step(now)
+        now = result.ends_at
+        for finished in result.finished:
+            return finished.time_to_first_token
+    raise AssertionError("no request finished")
+
+
+@pytest.mark.parametrize(
+    ("caching", "second", "hit_tokens"),
+    [
+        pytest.param(True, hashed(2048), 2032, id="same-prompt: all but the last block"),
+        pytest.param(True, hashed(2048)[:64] + hashed(1024, seed=5)[:64], 1024, id="shared-half"),
+        pytest.param(True, hashed(2048, seed=1), 0, id="other-prompt"),
+        pytest.param(True, hashed(2048, adapter="a"), 0, id="same-text-for-an-adapter"),
+        pytest.param(True, (), 0, id="no-hashes"),
+        pytest.param(False, hashed(2048), 0, id="caching-off"),
+    ],
+)
+def test_a_prompt_sent_again_skips_its_cached_prefix(
+    caching: bool, second: tuple[int, ...], hit_tokens: int
+) -> None:
+    e = Engine(EngineConfig(enable_prefix_caching=caching))
+    first = ttft_of(e, "r1", 2048, hashed(2048), 0.0)
+    again = ttft_of(e, "r2", 2048, second, 10.0)
+    totals = e.totals()
+    assert (totals.prefix_cache_queries, totals.prefix_cache_hits) == (
+        (4096, hit_tokens) if caching else (0, 0)
+    )
+    assert totals.prompt_tokens == 4096  # cached tokens are prompt tokens still, as vLLM counts them
+    if hit_tokens:
+        assert again < first
+    else:
+        assert again == pytest.approx(first)
+    assert e.prefix_cache_hit_rate == (hit_tokens / 4096 if caching else None)
+
+
+def test_a_finished_requests_blocks_stay_cached_until_the_space_is_needed() -> None:
+    # 200 blocks; each request holds 100 (99 full prompt blocks, cached, and its last one). The second
+    # takes uncached free blocks; the third finds 2 and reuses 98 of the first's cached ones, the
+    # least recently freed: the first's from its last block back, so its first block is still there.
+    e = Engine(EngineConfig(num_gpu_blocks=200))
+    for i, seed in enumerate((1, 2, 3)):
+        ttft_of(e, f"r{i}", 1590, hashed(1590, seed), 10.0 * i)
+    assert e.kv_usage == 0.0  # cached blocks no request holds count as free, as vLLM's usage does
+    assert e.cached_prefix_blocks(hashed(1590, 3)) == 99
+    assert e.cached_prefix_blocks(hashed(1590, 2)) == 99
+    assert e.cached_prefix_blocks(hashed(1590, 1)) == 1
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["v1", "v0"])
+def test_requests_without_hashes_run_exactly_as_without_caching(chunked: bool) -> None:
+    # The prefix cache changes nothing for traffic whose prompts share no blocks: today's figures stand.
+    def finished(caching: bool) -> list[object]:
+        rng = random.Random(5)
+        config = EngineConfig(
+            num_gpu_blocks=40,
+            max_num_batched_tokens=256,
+            chunked_prefill=chunked,
+            enable_prefix_caching=caching,
+        )
+        e, now, done = Engine(config), 0.0, []
+        for i in range(150):
+            e.submit(f"r{i}", rng.randint(1, 120), rng.randint(1, 60), rng.choice([None, "a", "b"]), now)
+            for _ in range(rng.randint(0, 3) if i < 149 else 100_000):
+                if not e.has_work:
+                    break
+                result = e.step(now)
+                now = result.ends_at
+                done += result.finished
+        return [done, dataclasses.replace(e.totals(), prefix_cache_queries=0)]
+
+    assert finished(True) == finished(False)
+
+
+def check_blocks(e: Engine) -> None:
+    """No block counted twice, the capacity never exceeded, only free blocks evictable."""
+    cache = e._cache
+    assert cache is not None
+    running = list(e._running.values())
+    holders = Counter(h for r in running for h in r.cached)
+    assert all(len(set(r.cached)) == len(r.cached) for r in running)  # no request holds a block twice
+    assert holders == Counter(cache._in_use)  # every held block counted once per holder, no other
+    assert not set(cache._in_use) & set(cache._free)  # a block is in use or free, never both
+    used = sum(r.blocks - len(r.cached) for r in running) + len(cache._in_use)
+    assert used + e._free_blocks == e.config.num_gpu_blocks
+    assert 0 <= cache.free_count <= e._free_blocks  # the cache's free blocks are among the free ones
+    assert all(r.blocks == 0 and not r.cached for r in e._waiting)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # system prompt
+            st.integers(0, 120),  # its length
+            st.integers(1, 80),  # question length
+            st.integers(1, 40),  # output
+            st.sampled_from([None, "a", "b"]),
+            st.integers(0, 3),  # steps before the next arrival
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_the_block_cache_keeps_its_books_under_any_load(
+    requests: list[tuple[int, int, int, int, str | None, int]], chunked: bool
+) -> None:
+    config = EngineConfig(
+        num_gpu_blocks=24, max_num_seqs=5, max_num_batched_tokens=128, chunked_prefill=chunked, max_loras=2
+    )
+    e, now, finished = Engine(config), 0.0, set()
+    for i, (system, length, question, output, adapter, steps) in enumerate(requests):
+        spans = (Span(system, length), Span(1000 + i, question))
+        hashes = spans_block_hashes(spans, adapter, BLOCK_SIZE)
+        with contextlib.suppress(RequestRejected):  # too long for one step without chunked prefill
+            e.submit(f"r{i}", length + question, output, adapter, now, hashes)
+        for _ in range(steps if i < len(requests) - 1 else 100_000):
+            if not e.has_work:
+                break
+            result = e.step(now)
+            now = result.ends_at
+            finished |= {f.request_id for f in result.finished}
+            check_blocks(e)
+    assert not e.has_work
+    totals = e.totals()
+    assert totals.finished == len(finished)
+    assert 0 <= totals.prefix_cache_hits <= totals.prefix_cache_queries

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import pytest
 
 from pointsman_shared.snapshot import PodSnapshot
-from pointsman_sim.engine import EngineConfig
+from pointsman_sim.engine import Engine, EngineConfig
 from pointsman_sim.fleet import HOLD, Hold, Placement, RoundRobin, TraceRequest, least_queued, run_fleet
+from pointsman_sim.prefix import Span
 from pointsman_sim.traces import sharegpt_like
 
 
@@ -125,3 +126,47 @@ def test_held_requests_keep_the_snapshot_rounds_going_until_placed_or_shed() -> 
     router = HoldOneInTwo(release_at=3.0, shed=True)  # long after the last arrival
     result = run_fleet(configs(1), trace, router, dispatch=router.dispatch, snapshot_interval=0.1)
     assert (len(result.served), result.shed) == (2, 2)
+
+
+SYSTEM = Span(1, 512)
+
+
+@pytest.mark.parametrize(
+    ("adapters", "hits"),
+    [
+        pytest.param((None, None), 512, id="same-system-prompt"),
+        pytest.param((None, "a"), 0, id="rewritten-to-an-adapter"),
+        pytest.param(("a", "a"), 512, id="same-adapter"),
+    ],
+)
+def test_spans_reach_the_engine_hashed_for_the_adapter_that_serves(
+    adapters: tuple[str | None, str | None], hits: int
+) -> None:
+    # Two requests on one pod, the second after the first ended; the router places each as listed.
+    trace = [TraceRequest(10.0 * i, 544, 8, None, (SYSTEM, Span(10 + i, 32))) for i in range(2)]
+    placements = iter(Placement(0, adapter) for adapter in adapters)
+    result = run_fleet([EngineConfig(max_loras=1)], trace, lambda r, pods: next(placements))
+    (totals,) = result.totals
+    assert (totals.prefix_cache_queries, totals.prefix_cache_hits) == (2 * 544, hits)
+
+
+def test_the_oracle_hook_gets_the_engines_and_snapshots_carry_the_cache() -> None:
+    seen: list[Sequence[Engine]] = []
+    trace = [TraceRequest(0.1 * i, 544, 8, None, (SYSTEM, Span(10 + i, 32))) for i in range(20)]
+    snapshots: list[PodSnapshot] = []
+
+    def router(request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        snapshots.extend(pods)
+        return 0
+
+    run_fleet([EngineConfig(num_gpu_blocks=500)] * 2, trace, router, on_start=seen.append)
+    assert [len(engines) for engines in seen] == [2]
+    assert {(p.block_size, p.num_gpu_blocks) for p in snapshots} == {(16, 500)}
+    assert snapshots[-2].prefix_cache_hit_rate == pytest.approx(19 * 512 / (20 * 544), rel=0.1)
+    assert snapshots[-1].prefix_cache_hit_rate is None  # pod 1 served nothing
+
+
+@pytest.mark.parametrize("described", [543, 553], ids=["short-of-the-prompt", "beyond-the-output"])
+def test_spans_cover_the_prompt_and_no_more_than_the_output(described: int) -> None:
+    with pytest.raises(ValueError, match="must cover the prompt"):
+        TraceRequest(0.0, 544, 8, None, (Span(1, described),))

@@ -43,6 +43,20 @@ def test_pod_specs(argv: list[str], ports: list[int], names: list[str], adapters
     assert {s.adapters for s in specs} == {adapters}
 
 
+@pytest.mark.parametrize(
+    ("argv", "caching"),
+    [
+        pytest.param([], True, id="v1-default-on"),
+        pytest.param(["--no-enable-prefix-caching"], False, id="off"),
+        pytest.param(["--profile", "llama-2-7b-a100"], False, id="v0-default-off"),
+        pytest.param(["--profile", "llama-2-7b-a100", "--enable-prefix-caching"], True, id="v0-on"),
+    ],
+)
+def test_prefix_caching_flag(argv: list[str], caching: bool) -> None:
+    (spec,) = pod_specs(build_parser().parse_args(argv), [8000])
+    assert spec.engine.enable_prefix_caching is caching
+
+
 def test_engine_flags_reach_the_engine_config() -> None:
     argv = ["--max-loras", "2", "--max-num-seqs", "8", "--num-gpu-blocks-override", "100", "--speedup", "50"]
     (spec,) = pod_specs(build_parser().parse_args(argv), [8000])

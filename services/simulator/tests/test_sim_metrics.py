@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -248,3 +249,42 @@ def test_steps_feed_inter_token_latency_for_tokens_after_the_first() -> None:
     assert samples["vllm:inter_token_latency_seconds_count"][0].value == 1.0
     assert samples["vllm:inter_token_latency_seconds_sum"][0].value == pytest.approx(0.01)
     assert samples["vllm:e2e_request_latency_seconds_count"][0].value == 1.0
+
+
+@pytest.mark.parametrize(
+    ("version", "caching", "samples"),
+    [
+        pytest.param(
+            "current",
+            True,
+            {"vllm:prefix_cache_queries_total": 200.0, "vllm:prefix_cache_hits_total": 48.0},
+            id="v1-counters",
+        ),
+        pytest.param("v0", True, {"vllm:gpu_prefix_cache_hit_rate": 0.24}, id="v0-gauge"),
+        pytest.param("v0", False, {"vllm:gpu_prefix_cache_hit_rate": -1.0}, id="v0-disabled"),
+    ],
+)
+def test_prefix_cache_metrics_as_vllm_exports_them(
+    version: str, caching: bool, samples: dict[str, float]
+) -> None:
+    totals = dataclasses.replace(TOTALS, prefix_cache_queries=200, prefix_cache_hits=48)
+    text = PodMetrics(MODEL, num_gpu_blocks=100, version=version, prefix_caching=caching).render(
+        load(), totals
+    )
+    read = read_samples(text, [*samples, "vllm:cache_config_info"])
+    assert {name: read[name][0].value for name in samples} == samples
+    (info,) = read["vllm:cache_config_info"]
+    assert (info.labels["block_size"], info.labels["num_gpu_blocks"]) == ("16", "100")
+    assert info.labels["enable_prefix_caching"] == str(caching)
+
+
+def test_prefix_cache_help_lines_match_real_vllm() -> None:
+    text = PodMetrics(MODEL, num_gpu_blocks=100).render(load(), TOTALS)
+    assert (
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.\n"
+        "# TYPE vllm:prefix_cache_queries_total counter\n"
+    ) in text
+    assert (
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n"
+        in text
+    )

@@ -21,6 +21,7 @@ def test_loads_profile(name: str, chunked: bool, max_num_seqs: int, lora_overhea
         max_num_seqs,
         lora_overhead,
     )
+    assert engine.enable_prefix_caching is chunked  # V1 caches prefixes by default, V0 did not
     assert (engine.max_loras, engine.cpu_lora_capacity) == (1, 1)  # vLLM's defaults
     assert profile.vllm_version
     assert profile.model
@@ -34,6 +35,11 @@ def test_loads_profile(name: str, chunked: bool, max_num_seqs: int, lora_overhea
         pytest.param({"scheduler": "v1", "speed": 1}, "unknown keys ['speed']", id="unknown-key"),
         pytest.param({"scheduler": "v1", "step_time": {"a": 1}}, "in step_time", id="unknown-step-key"),
         pytest.param({"scheduler": "v1", "max_num_seqs": 0}, "max_num_seqs must be at least 1", id="invalid"),
+        pytest.param(
+            {"scheduler": "v1", "enable_prefix_caching": "yes"},
+            "must be true or false",
+            id="caching-not-bool",
+        ),
     ],
 )
 def test_rejects_malformed_profiles(data: object, message: str) -> None:

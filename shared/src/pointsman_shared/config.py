@@ -325,6 +325,8 @@ class CollectorConfig(_Model):
     # (leases in Redis, renewed every leaseTtl/3), and the snapshot merges every replica's pods.
     sharing: bool = False
     lease_ttl: PositiveSeconds = 0.15
+    # Each pod's prefix-cache hit rate is hits over queries over about this long (from the counters).
+    prefix_cache_window: PositiveSeconds = 30.0
 
 
 class PickerConfig(_Model):

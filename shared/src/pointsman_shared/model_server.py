@@ -19,6 +19,7 @@ from pointsman_shared.promparse import (
     parse_labels,
     read_family,
     read_first_family,
+    read_last_family,
 )
 
 
@@ -33,11 +34,33 @@ class MetricNames:
     max_lora_label: str = "max_lora"
     running_adapters_label: str = "running_lora_adapters"
     waiting_adapters_label: str = "waiting_lora_adapters"
+    # Prefix-cache counters in tokens, each under its names (vLLM V1 0.7-0.9 had a gpu_ prefix), and
+    # the older engine's gauge of the hit rate itself (vLLM V0; negative when caching is off).
+    prefix_cache_queries: tuple[str, ...] = ()
+    prefix_cache_hits: tuple[str, ...] = ()
+    prefix_cache_hit_rate: str | None = None
+    # An info gauge whose labels give the KV block size (tokens) and the number of GPU blocks.
+    cache_config_info: str | None = None
+    block_size_label: str = "block_size"
+    num_gpu_blocks_label: str = "num_gpu_blocks"
+    # A part of every prefix-cache family's name: a page without it has none of them.
+    prefix_cache_marker: bytes = b""
 
     @property
     def families(self) -> tuple[str, ...]:
         lora = (self.lora_info,) if self.lora_info else ()
-        return (self.waiting, self.running, *self.kv_cache_usage, *lora)
+        rate = (self.prefix_cache_hit_rate,) if self.prefix_cache_hit_rate else ()
+        config = (self.cache_config_info,) if self.cache_config_info else ()
+        return (
+            self.waiting,
+            self.running,
+            *self.kv_cache_usage,
+            *lora,
+            *self.prefix_cache_queries,
+            *self.prefix_cache_hits,
+            *rate,
+            *config,
+        )
 
 
 PRESETS: dict[str, MetricNames] = {
@@ -46,6 +69,11 @@ PRESETS: dict[str, MetricNames] = {
         running="vllm:num_requests_running",
         kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         lora_info="vllm:lora_requests_info",
+        prefix_cache_queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        prefix_cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        prefix_cache_hit_rate="vllm:gpu_prefix_cache_hit_rate",
+        cache_config_info="vllm:cache_config_info",
+        prefix_cache_marker=b"prefix_cache_",
     ),
     "sglang": MetricNames(
         waiting="sglang:num_queue_reqs",
@@ -88,6 +116,21 @@ class PageMetrics:
     lora: LoraState | None
     lora_error: str | None = None
     idle_max_lora: int | None = None
+    prefix_cache: PrefixCounters | None = None
+    """The prefix-cache counters (every engine's together); None: the page has none."""
+    prefix_cache_hit_rate: float | None = None
+    """The older engines' gauge of the hit rate itself, 0..1; None: no gauge, or caching off."""
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    """Every engine's KV blocks together (each engine of a data-parallel pod has its own cache)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCounters:
+    """Tokens looked up in the prefix cache and tokens found, since the server started."""
+
+    queries: float
+    hits: float
 
 
 def read_page(page: str | bytes, names: MetricNames) -> PageMetrics:
@@ -102,6 +145,18 @@ def read_page(page: str | bytes, names: MetricNames) -> PageMetrics:
             # Data-parallel servers expose one series per engine: the pod's KV use is their mean.
             kv = _total(name, samples) / len(samples)
         lora_samples = read_family(text, names.lora_info) if names.lora_info else []
+        # One search tells whether the page has any prefix-cache family (vLLM's share this part of
+        # their names): a page without them is scanned once for all three, not once each.
+        prefix: PrefixCounters | None = None
+        rate: float | None = None
+        if names.prefix_cache_marker and names.prefix_cache_marker in text:
+            prefix = _prefix_counters(text, names)
+            rate = _hit_rate(text, names.prefix_cache_hit_rate) if names.prefix_cache_hit_rate else None
+        block_size, num_gpu_blocks = (
+            _cache_config(tuple(s.label_text for s in read_last_family(text, names.cache_config_info)), names)
+            if names.cache_config_info
+            else (None, None)
+        )
     except PromParseError as exc:
         raise MetricsPageError("parse", str(exc)) from exc
     lora: LoraState | None = None
@@ -119,7 +174,56 @@ def read_page(page: str | bytes, names: MetricNames) -> PageMetrics:
         lora=lora,
         lora_error=lora_error,
         idle_max_lora=idle_max_lora,
+        prefix_cache=prefix,
+        prefix_cache_hit_rate=rate,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
     )
+
+
+def _prefix_counters(text: bytes, names: MetricNames) -> PrefixCounters | None:
+    if not names.prefix_cache_queries or not names.prefix_cache_hits:
+        return None
+    queries = read_first_family(text, names.prefix_cache_queries)
+    hits = read_first_family(text, names.prefix_cache_hits)
+    if queries is None or hits is None:
+        return None
+    return PrefixCounters(_total(*queries), _total(*hits))
+
+
+def _hit_rate(text: bytes, name: str) -> float | None:
+    samples = read_family(text, name)
+    # Each engine's own rate: their mean. V0 reports -1 with caching off: no rate to tell.
+    if not samples or any(not is_finite(s.value) or s.value < 0 for s in samples):
+        return None
+    return min(1.0, sum(s.value for s in samples) / len(samples))
+
+
+# The same label sets page after page: split once.
+@functools.lru_cache(maxsize=1024)
+def _cache_config(label_texts: tuple[str, ...], names: MetricNames) -> tuple[int | None, int | None]:
+    """The block size of the first series and the blocks of every engine's series together; a label
+    that is no count leaves that number unsaid."""
+    samples = label_texts
+    block_size: int | None = None
+    blocks: int | None = 0
+    for i, label_text in enumerate(samples):
+        labels = parse_labels(label_text)
+        if i == 0:
+            block_size = _label_count(labels.get(names.block_size_label))
+        count = _label_count(labels.get(names.num_gpu_blocks_label))
+        blocks = None if count is None or blocks is None else blocks + count
+    return block_size, (blocks or None) if samples else None
+
+
+def _label_count(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if 0 < value <= _MAX_COUNT else None
 
 
 # No queue or slot count is larger (a float holds every integer up to here), and the snapshot codec

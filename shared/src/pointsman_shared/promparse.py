@@ -81,6 +81,27 @@ def read_family(page: str | bytes, metric: str) -> list[Sample]:
     return [] if start < 0 else _read_lines(text, metric, name, start)
 
 
+def read_last_family(page: str | bytes, metric: str) -> list[Sample]:
+    """:func:`read_family`, searching from the end of the page: for a family servers write last (an
+    info gauge after the histograms), found without scanning the page from the start."""
+    text = as_bytes(page)
+    name = metric.encode()
+    size = len(name)
+    line_start = b"\n" + name
+    i = text.rfind(line_start)
+    while i >= 0 and text[i + 1 + size : i + 2 + size] not in _AFTER_NAME:
+        i = text.rfind(line_start, 0, i)
+    if i < 0:
+        return read_family(text, metric) if text.startswith(name) else []
+    # Back to the family's first line: the lines of a metric are written together.
+    start = i + 1
+    while (before := text.rfind(b"\n", 0, start - 1) + 1) < start - 1 and text.startswith(name, before):
+        if text[before + size : before + size + 1] not in _AFTER_NAME:
+            break
+        start = before
+    return _read_lines(text, metric, name, start)
+
+
 def read_first_family(page: str | bytes, metrics: tuple[str, ...]) -> tuple[str, list[Sample]] | None:
     """The samples of whichever of ``metrics`` (names of one number) comes first on the page, and its
     name; ``None`` when the page has none of them.

@@ -188,8 +188,9 @@ def from_endpoint_picker_config(doc: Mapping[str, Any], source: str) -> tuple[di
         if not isinstance(kind, str):  # a list or a mapping cannot even be looked up
             problems.append((f"plugins[{i}].type", f"must be a string, not {type(kind).__name__}"))
         elif kind in PLUGIN_TYPES:
-            parameters = dict(spec.get("parameters") or {})
-            if "hashBlockSize" in parameters:
+            parameters = spec.get("parameters") or {}
+            if isinstance(parameters, Mapping) and "hashBlockSize" in parameters:
+                parameters = dict(parameters)  # not the caller's document
                 # v1.0's block in characters, from before autoTune (v1.2) could replace it
                 parameters.setdefault("autoTune", False)
             plugins.append({"type": PLUGIN_TYPES[kind], "name": name, "parameters": parameters})

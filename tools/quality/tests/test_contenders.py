@@ -11,6 +11,7 @@ from quality_builders import pod, scenario
 from pointsman_quality.contenders import (
     NAMES,
     LeastRequestRouter,
+    OraclePrefixRouter,
     RoundRobinRouter,
     ShortestQueueRouter,
     contenders,
@@ -19,7 +20,9 @@ from pointsman_quality.contenders import (
 )
 from pointsman_quality.picker_path import DirectorRouter, TwoPickers
 from pointsman_quality.scenario import ScenarioError
+from pointsman_sim.engine import BLOCK_SIZE, Engine, EngineConfig
 from pointsman_sim.fleet import Placement, TraceRequest
+from pointsman_sim.prefix import Span, spans_block_hashes
 
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
 REQUEST = TraceRequest(0.0, 10, 10, "a-0")
@@ -160,10 +163,30 @@ def test_a_director_router_sheds_what_the_director_refuses() -> None:
 
 
 def test_two_picker_contenders_name_their_config_and_whether_they_share() -> None:
-    by_name = {c.name: c for c in contenders(scenario(), PROFILES)}
+    named = ["gie-default", "gie-default-2-pickers-shared", "gie-default-2-pickers", "pointsman-best-prefix"]
+    by_name = {c.name: c for c in contenders(scenario(contenders=[*named, "prefix-only"]), PROFILES)}
+    assert not {"gie-default-2-pickers", "gie-default-2-pickers-shared"} & set(NAMES)  # named, not default
     shared, alone = by_name["gie-default-2-pickers-shared"], by_name["gie-default-2-pickers"]
     assert (shared.pickers, shared.shared, alone.pickers, alone.shared) == (2, True, 2, False)
     assert shared.config == by_name["gie-default"].config
     assert isinstance(shared.router(scenario(), 0), TwoPickers)
     assert by_name["pointsman-best-prefix"].config.picker.profile == "best-prefix"
     assert by_name["prefix-only"].config.picker.profile == "prefix-only"
+
+
+def test_the_oracle_sends_a_request_where_its_prefix_is_cached_unless_that_pod_is_far_busier() -> None:
+    engines = [Engine(EngineConfig()) for _ in range(3)]
+    system = Span(1, 512)
+    request = TraceRequest(0.0, 544, 4, None, (system, Span(2, 32)))
+    # Pod 2 served the system prompt before.
+    engines[2].submit("warm", 512, 1, None, 0.0, spans_block_hashes((system,), None, BLOCK_SIZE))
+    while engines[2].has_work:
+        engines[2].step(0.0)
+    oracle = OraclePrefixRouter()
+    oracle.attach(engines)
+    assert oracle(request, [None] * 3) == 2  # type: ignore[list-item]
+    for i in range(10):  # pod 2 now far busier than the others
+        engines[2].submit(f"busy{i}", 100, 100, None, 0.0)
+    assert oracle(request, [None] * 3) == 0  # type: ignore[list-item]
+    with pytest.raises(RuntimeError, match="on_start"):
+        OraclePrefixRouter()(request, [None] * 3)  # type: ignore[list-item]

@@ -33,6 +33,8 @@ from pointsman_quality.picker_path import DirectorRouter, TwoPickers, prompt_tex
 from pointsman_shared.config import PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import HOLD, Placement, TraceRequest
+from pointsman_sim.prefix import Span
+from pointsman_sim.prefix import prompt_text as spans_text
 
 DEST = "x-gateway-destination-endpoint"
 POOL = "quality-pool"
@@ -292,35 +294,14 @@ async def test_the_live_picker_decides_as_the_virtual_path(profile, server):
 
 
 # -- prompts and two pickers -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Span:
-    """What the simulator's token spans give the prompt: a seed and a length in tokens."""
-
-    seed: int
-    length: int
-
-
-@dataclass(frozen=True)
-class SpannedRequest:
-    """A trace request whose prompt is described by token spans (as the simulator's TraceRequest.tokens)."""
-
-    arrival: float
-    prompt_tokens: int
-    max_tokens: int
-    adapter: str | None
-    tokens: tuple[Span, ...]
-    tenant: str | None = None
-    objective: str | None = None
-
-
 def test_prompt_text_spells_the_spans_and_requests_without_share_nothing() -> None:
     system, a, b = Span(7, 512), Span(8, 64), Span(9, 64)
-    one = prompt_text(SpannedRequest(0.0, 576, 1, None, (system, a)), 1)
-    two = prompt_text(SpannedRequest(0.0, 576, 1, None, (system, b)), 2)
+    one = prompt_text(TraceRequest(0.0, 576, 1, None, (system, a)), 1)
+    two = prompt_text(TraceRequest(0.0, 576, 1, None, (system, b)), 2)
     assert len(one) == len(two) == 4 * 576
     assert one[: 4 * 512] == two[: 4 * 512]
     assert one[4 * 512 :] != two[4 * 512 :]
-    shorter = SpannedRequest(0.0, 500, 1, None, (system, a))  # spans reaching into the output
+    shorter = TraceRequest(0.0, 500, 76, None, (system, a))  # spans reaching into the output
     assert prompt_text(shorter, 1) == one[:2000]
     plain = [prompt_text(TraceRequest(0.0, 100, 1, None), n) for n in (1, 2)]
     assert len(plain[0]) == 400
@@ -339,11 +320,11 @@ def test_two_pickers_share_their_prefix_index_after_the_delay(shared: bool) -> N
     system = Span(1, 1024)
     chosen = []
     for i in range(40):
-        request = SpannedRequest(i * 0.1, 1088, 1, None, (system, Span(100 + i, 64)))
-        placement = router(request, pods)  # type: ignore[arg-type]
+        request = TraceRequest(i * 0.1, 1088, 1, None, (system, Span(100 + i, 64)))
+        placement = router(request, pods)
         assert placement is not None
         chosen.append(placement.pod)
-        router.finished(request)  # type: ignore[arg-type]
+        router.finished(request)
     # One index: every request after the first goes where the system prompt is. Two apart: each
     # picker's first request picks at random (with this seed, two other pods), then sticks to it.
     if shared:
@@ -368,3 +349,13 @@ def test_with_flow_control_a_saturated_pool_holds_and_dispatch_places_later():
     router.finished(request)
     assert router.flow is not None
     assert router.flow.waiting == 0
+
+
+def test_a_request_with_spans_sends_its_prompt_to_the_picker() -> None:
+    router = DirectorRouter(quality_config("default"), "base", random.Random(1))
+    spans = (Span(1, 64), Span(2, 16))
+    body = json.loads(router._body(TraceRequest(0.0, 80, 8, None, spans)))
+    assert body["prompt"] == spans_text(spans, 80)
+    plain = json.loads(router._body(TraceRequest(0.0, 80, 8, None)))["prompt"]
+    assert len(plain) == 320
+    assert plain.startswith("request ")

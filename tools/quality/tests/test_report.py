@@ -34,6 +34,9 @@ def result() -> VariantResult:
     )
 
 
+PROMPTS = {"kind": "shared-prefix", "systemPromptLen": 64, "questionLen": 16, "outputLen": 8}
+
+
 def target(**values) -> Target:
     return Target.model_validate({"contender": "best", **values})
 
@@ -127,3 +130,38 @@ def test_a_level_run_against_its_capacity_is_shown(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "quality-tiny.json").read_text())
     (run,) = doc["variants"][0]["capacity_search"]["ref"]["level_runs_against"]
     assert (run["load"], run["rate"], run["passed"]) == (1.1, 330.0, True)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "oracle", "header", "row"),
+    [
+        pytest.param(
+            None, False, "| 429s | finished |\n", "| 100/100 |\n", id="no-shared-prefixes: as before"
+        ),
+        pytest.param(
+            PROMPTS, False, "| finished | prefix hit rate |\n", "| 100/100 | 0.600 |\n", id="hit-rate"
+        ),
+        pytest.param(
+            PROMPTS,
+            True,
+            "| prefix hit rate | x oracle-prefix |\n",
+            "| 100/100 | 0.600 | 0.75 |\n",
+            id="and-as-a-fraction-of-the-bound",
+        ),
+    ],
+)
+def test_levels_show_the_prefix_hit_rate_when_prompts_share_prefixes(
+    tmp_path: Path, prompts: dict[str, object] | None, oracle: bool, header: str, row: str
+) -> None:
+    runs = {"best": stats(prefix_hit_rate=0.6)} | (
+        {"oracle-prefix": stats(prefix_hit_rate=0.8)} if oracle else {}
+    )
+    got = VariantResult("", capacity={"best": Capacity(400.0)}, levels=[(0.5, runs)])
+    traffic: dict[str, object] = {"baseShare": 1} | ({"prompts": prompts} if prompts else {})
+    s = scenario(traffic=traffic, load={"reference": "best"})
+    report.write(
+        tmp_path, s, [got], {"quick": True, "duration_s": 2.0, "runs": 1, "wall_s": 1.0}, with_plots=False
+    )
+    text = (tmp_path / "quality-tiny.md").read_text()
+    assert header in text
+    assert any(line.startswith("| best |") and (line + "\n").endswith(row) for line in text.splitlines())

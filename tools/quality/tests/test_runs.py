@@ -8,10 +8,10 @@ import pytest
 from quality_builders import scenario
 
 from pointsman_quality.contenders import contenders
-from pointsman_quality.runs import latency_figures, run, stats
+from pointsman_quality.runs import latency_figures, prefix_hit_rate, run, stats
 from pointsman_quality.scenario import engine_configs
 from pointsman_quality.sweep import passes
-from pointsman_sim.engine import FinishedRequest
+from pointsman_sim.engine import FinishedRequest, Totals
 from pointsman_sim.fleet import FleetResult, Served
 
 PROFILES = Path(__file__).resolve().parents[3] / "config" / "profiles"
@@ -56,3 +56,27 @@ def test_a_request_refused_in_one_of_two_repeats_is_not_rounded_away() -> None:
     assert (pooled.requests, pooled.finished, pooled.rejected) == (4, 4, 0)
     assert pooled.unserved == 1
     assert not passes(pooled, 2.0)
+
+
+def test_the_prefix_hit_rate_is_every_pods_hits_over_its_queries() -> None:
+    s = scenario(
+        contenders=["round-robin", "oracle-prefix"],
+        traffic={
+            "baseShare": 1,
+            "prompts": {
+                "kind": "shared-prefix",
+                "numGroups": 2,
+                "systemPromptLen": 512,
+                "questionLen": 32,
+                "outputLen": 4,
+            },
+        },
+    )
+    by_name = {c.name: c for c in contenders(s, PROFILES)}
+    engines = engine_configs(s)
+    spread, bound = (run(s, by_name[name], engines, 20.0, 3.0) for name in ("round-robin", "oracle-prefix"))
+    # Two system prompts, each requested again and again: most of every prompt is a hit.
+    assert 0.5 < spread.prefix_hit_rate <= bound.prefix_hit_rate < 1.0
+    totals = (Totals(0, 0, 0, 0, 0, prefix_cache_queries=100, prefix_cache_hits=30), Totals(0, 0, 0, 0, 0))
+    assert prefix_hit_rate(totals) == 0.3
+    assert prefix_hit_rate(()) == 0.0

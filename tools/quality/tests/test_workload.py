@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
@@ -79,3 +80,52 @@ def test_fixed_lengths() -> None:
 def test_a_rate_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         build_trace(scenario(), 0.0, 1.0)
+
+
+SHARED = {"kind": "shared-prefix", "numGroups": 3, "numPromptsPerGroup": 2, "systemPromptLen": 64}
+
+
+@pytest.mark.parametrize(
+    ("prompts", "adapters", "groups"),
+    [
+        pytest.param({**SHARED, "questionLen": 16, "outputLen": 8}, [None], 3, id="groups"),
+        pytest.param(
+            {**SHARED, "perAdapter": True, "questionLen": 16, "outputLen": 8},
+            ["a-0", "a-1"],
+            2,
+            id="per-adapter",
+        ),
+    ],
+)
+def test_shared_prefix_prompts(prompts: dict[str, object], adapters: list[str | None], groups: int) -> None:
+    traffic: dict[str, object] = {"prompts": prompts}
+    traffic |= (
+        {"baseShare": 1} if adapters == [None] else {"adapters": [{"prefix": "a", "count": 2, "share": 1}]}
+    )
+    trace = build_trace(scenario(traffic=traffic), 100.0, 10.0)
+    assert {(r.prompt_tokens, r.max_tokens) for r in trace} == {(80, 8)}
+    systems = {r.tokens[0] for r in trace}
+    assert len(systems) == groups  # one system prompt per group
+    assert len({r.tokens for r in trace}) == groups * 2  # each group's two questions
+    if adapters != [None]:
+        # Each adapter its own system prompt.
+        assert all(len({r.tokens[0] for r in trace if r.adapter == a}) == 1 for a in adapters)
+    fast = build_trace(scenario(traffic=traffic), 200.0, 10.0)
+    assert [r.tokens for r in fast[: len(trace)]] == [r.tokens for r in trace]  # same requests, sooner
+
+
+def test_multi_turn_conversations_grow_turn_by_turn() -> None:
+    prompts = {"kind": "multi-turn", "turns": 3, "systemPromptLen": 32, "questionLen": 16, "outputLen": 8}
+    trace = build_trace(scenario(traffic={"baseShare": 1, "prompts": prompts}), 6.0, 20.0)
+    assert len(trace) == pytest.approx(6 * 20, rel=0.3)
+    assert [r.arrival for r in trace] == sorted(r.arrival for r in trace)
+    by_start: dict[object, list[object]] = {}
+    for r in trace:
+        by_start.setdefault(r.tokens[1], []).append(r)  # a conversation's first question
+    for turns in by_start.values():
+        assert [r.prompt_tokens for r in turns] == [48, 72, 96][: len(turns)]  # type: ignore[attr-defined]
+        for earlier, later in itertools.pairwise(turns):
+            # The next turn's prompt is this turn's prompt and answer, then a question.
+            assert later.tokens[: len(earlier.tokens)] == earlier.tokens  # type: ignore[attr-defined]
+    # One system prompt for the model, shared by its conversations.
+    assert len({r.tokens[0] for r in trace}) == 1

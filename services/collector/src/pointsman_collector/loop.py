@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from pointsman_collector.errors import PublishError, ScrapeError
 from pointsman_collector.metrics import CollectorMetrics
 from pointsman_collector.normalize import (
+    PREFIX_WINDOW,
     HealthPolicy,
     PodState,
     judge,
@@ -211,6 +212,7 @@ class Collector:
         interval: float,
         first_round_timeout: float,
         policy: HealthPolicy | None = None,
+        prefix_window: float = PREFIX_WINDOW,
         publish_every: float = PUBLISH_EVERY,
         clock: Clock = time.time,
         rng: random.Random | None = None,
@@ -225,6 +227,7 @@ class Collector:
         self._interval = interval
         self._first_round_timeout = first_round_timeout
         self._policy = policy or HealthPolicy()
+        self._prefix_window = prefix_window
         self._publish_every = publish_every
         self._clock = clock
         self._rng = rng or random.Random()
@@ -268,6 +271,7 @@ class Collector:
             # A first scrape starts within one interval and ends within the timeout.
             first_round_timeout=settings.timeout + 2 * settings.interval,
             policy=HealthPolicy(max_failures=settings.max_failures, staleness=settings.staleness),
+            prefix_window=settings.prefix_cache_window,
             clock=clock,
             rng=rng,
             tracer=tracer,
@@ -361,7 +365,7 @@ class Collector:
         else:
             if outcome.lora_error is not None:
                 self._metrics.scrape_errors.labels(outcome.lora_error).inc()
-            new = on_page(state, outcome, self._clock())
+            new = on_page(state, outcome, self._clock(), self._prefix_window)
         self._record(address, state, new)
 
     def _record(self, address: str, old: PodState, new: PodState) -> None:

@@ -104,6 +104,12 @@ class PoolCollector(Collector):
         healthy = GaugeMetricFamily(
             "pointsman_pod_healthy", "1 if the pod's data is current, else 0.", labels=labels
         )
+        # Only pods that export prefix-cache metrics have a series: no rate is not a rate of 0.
+        hit_rate = GaugeMetricFamily(
+            "pointsman_pod_prefix_cache_hit_rate",
+            "Prefix-cache hits over queries (tokens) of the pod over the collector's window, 0..1.",
+            labels=labels,
+        )
         for pod in pods:
             key = [self._pool, pod.address]
             waiting.add_metric(key, pod.waiting)
@@ -111,7 +117,9 @@ class PoolCollector(Collector):
             kv.add_metric(key, pod.kv_cache_usage)
             adapters.add_metric(key, len(pod.active_adapters))
             healthy.add_metric(key, 1.0 if pod.healthy else 0.0)
-        yield from (waiting, running, kv, adapters, healthy)
+            if pod.prefix_cache_hit_rate is not None:
+                hit_rate.add_metric(key, pod.prefix_cache_hit_rate)
+        yield from (waiting, running, kv, adapters, healthy, hit_rate)
         # How many pods are in each state, so a dashboard shows why pods are out without per-pod series.
         by_health = GaugeMetricFamily(
             "pointsman_collector_pods",

@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         parser.add_argument(flag, type=int, help=f"{what} (default: the profile's)")
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        help="automatic prefix caching (default: the profile's; vLLM V1 has it on, V0 off)",
+    )
+    parser.add_argument(
         "--metrics-version",
         default="current",
         choices=METRICS_VERSIONS,
@@ -142,6 +147,7 @@ def pod_specs(args: argparse.Namespace, ports: Sequence[int]) -> list[PodSpec]:
         "max_loras": args.max_loras,
         "max_cpu_loras": args.max_cpu_loras,
         "max_model_len": args.max_model_len,
+        "enable_prefix_caching": args.enable_prefix_caching,
     }
     engine = dataclasses.replace(profile.engine, **{k: v for k, v in overrides.items() if v is not None})
     if args.max_cpu_loras is None and engine.max_cpu_loras is not None:

@@ -176,7 +176,7 @@ async def _generate(
         return _error(pod.faults.inference_status, "InternalServerError", "injected fault: inference fails")
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     try:
-        stream = pod.submit(request_id, call.model, call.prompt_tokens, call.max_tokens)
+        stream = pod.submit(request_id, call.model, call.prompt, call.max_tokens)
     except ModelNotServed:
         return _error(404, "NotFoundError", f"The model `{call.model}` does not exist.", "model")
     except RequestRejected as exc:

@@ -80,12 +80,17 @@ class EngineDriver:
         return asyncio.get_running_loop().time() * self._speedup
 
     def submit(
-        self, request_id: str, prompt_tokens: int, max_tokens: int, adapter: str | None
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        adapter: str | None,
+        block_hashes: tuple[int, ...] = (),
     ) -> RequestStream:
         """Queue a request; raises the engine's :class:`~pointsman_sim.engine.RequestRejected`."""
         if self._task is None or self._task.done():
             raise PodClosed("the pod is not running")
-        self.engine.submit(request_id, prompt_tokens, max_tokens, adapter, self.now())
+        self.engine.submit(request_id, prompt_tokens, max_tokens, adapter, self.now(), block_hashes)
         stream = RequestStream(request_id)
         self._streams[request_id] = stream
         self._wakeup.set()

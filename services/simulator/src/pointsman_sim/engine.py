@@ -25,6 +25,14 @@ keeps its place; one whose prompt does not fit the free KV blocks stops admissio
 it. An adapter not in a GPU slot is loaded during the step that admits its request (from the CPU
 cache of ``max_cpu_loras`` adapters, else from disk first), evicting the least recently used idle
 adapter when the slots are full; the load time is added to that step.
+
+Automatic prefix caching (vLLM V1's, on by default): a request may carry the hashes of its full
+blocks (``pointsman_sim.prefix``); every full block a request computes is cached under its hash
+(``pointsman_sim.prefix_cache``) and stays cached after the request ends, until a new block is needed
+and no uncached free block is left (then the least recently freed cached block is reused). A request
+admitted while its first blocks are cached takes them instead of computing them: its prefill starts
+after its longest cached prefix (whole blocks, at most all tokens but the last, as vLLM). A request
+without hashes never hits nor fills the cache: the engine then runs exactly as without caching.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from pointsman_sim.prefix_cache import PrefixCache
 
 BLOCK_SIZE = 16
 """Tokens per KV-cache block (vLLM's default block size)."""
@@ -112,6 +122,7 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     """Adapters kept in CPU memory; ``None``: ``max_loras``, as vLLM defaults it."""
     max_model_len: int = 131_072
+    enable_prefix_caching: bool = True
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     lora_load: LoraLoadModel = field(default_factory=LoraLoadModel)
 
@@ -197,6 +208,10 @@ class Totals:
     lora_evictions: int = 0
     """Idle adapters dropped from a GPU slot to make room for another."""
     lora_cpu_evictions: int = 0
+    prefix_cache_queries: int = 0
+    """Tokens looked up in the prefix cache: each admitted request's known tokens (vLLM's counter)."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found cached (whole blocks)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -215,6 +230,12 @@ class _Request:
     first_token_at: float | None = None
     scheduled_at: float | None = None  # the start of the step that first admitted it
     adapter_load: float = 0.0  # seconds spent loading its adapter when it was admitted
+    block_hashes: tuple[int, ...] = ()
+    """Hashes of the full blocks of the request's known tokens, as far as they are known."""
+    cached: list[int] = field(default_factory=list)
+    """Hashes of the cached blocks this request holds (taken on admission or filled by it)."""
+    filled: int = 0
+    """Blocks (from the first) already offered to the cache."""
 
 
 def blocks_for(tokens: int) -> int:
@@ -232,7 +253,10 @@ class Engine:
         # Least recently used first; every adapter in a GPU slot is in the CPU cache too.
         self._gpu_loras: OrderedDict[str, None] = OrderedDict()
         self._cpu_loras: OrderedDict[str, None] = OrderedDict()
-        self._free_blocks = config.num_gpu_blocks
+        self._free_blocks = config.num_gpu_blocks  # uncached free blocks and the cache's free ones
+        self._cache = PrefixCache() if config.enable_prefix_caching else None
+        self._prefix_queries = 0
+        self._prefix_hits = 0
         self._kv_tokens = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -258,6 +282,13 @@ class Engine:
     def kv_usage(self) -> float:
         """Fraction of the KV blocks in use, 0..1."""
         return 1.0 - self._free_blocks / self.config.num_gpu_blocks
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Tokens hit over tokens queried since the start; None without caching or before a query."""
+        if self._cache is None or not self._prefix_queries:
+            return None
+        return self._prefix_hits / self._prefix_queries
 
     @property
     def running_adapters(self) -> frozenset[str]:
@@ -295,14 +326,32 @@ class Engine:
             lora_loads_from_cpu=self._loads_from_cpu,
             lora_evictions=self._evictions,
             lora_cpu_evictions=self._cpu_evictions,
+            prefix_cache_queries=self._prefix_queries,
+            prefix_cache_hits=self._prefix_hits,
         )
+
+    def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
+        """How many of the first blocks of ``block_hashes`` this engine holds cached, in use or free
+        (what an admission now would hit, but for its last-token cap)."""
+        if self._cache is None:
+            return 0
+        return self._cache.match(block_hashes, len(block_hashes))
 
     # -- requests --------------------------------------------------------------------------------
 
     def submit(
-        self, request_id: str, prompt_tokens: int, max_tokens: int, adapter: str | None, now: float
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        adapter: str | None,
+        now: float,
+        block_hashes: tuple[int, ...] = (),
     ) -> None:
-        """Queue a request; raise :class:`RequestRejected` if it could never run here."""
+        """Queue a request; raise :class:`RequestRejected` if it could never run here.
+
+        ``block_hashes``: of the request's full blocks of known tokens (prompt, then output), made for
+        ``adapter``; none: its tokens share nothing with any other request's."""
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if prompt_tokens < 1 or max_tokens < 1:
@@ -329,7 +378,10 @@ class Engine:
             )
         if adapter is not None and self.config.max_loras == 0:
             raise RequestRejected(f"adapter {adapter!r} requested but LoRA is disabled (max_loras 0)")
-        self._waiting.append(_Request(request_id, prompt_tokens, max_tokens, adapter, now))
+        request = _Request(request_id, prompt_tokens, max_tokens, adapter, now)
+        if self._cache is not None:
+            request.block_hashes = block_hashes
+        self._waiting.append(request)
         self._ids.add(request_id)
         if adapter is not None:
             self._waiting_adapters[adapter] += 1
@@ -380,6 +432,8 @@ class Engine:
             need = -(-(request.computed_tokens + count) // BLOCK_SIZE) - request.blocks
             if need <= self._free_blocks:
                 self._free_blocks -= need
+                if self._cache is not None and self._cache.free_count > self._free_blocks:
+                    self._cache.evict(self._cache.free_count - self._free_blocks)
                 request.blocks += need
                 request.scheduled = count
                 self._kv_tokens += count
@@ -442,7 +496,7 @@ class Engine:
             preempted.append(victim.request_id)
             if victim is request:
                 return False
-        self._free_blocks -= need
+        self._take_free(need)
         request.blocks += need
         request.scheduled = count
         self._kv_tokens += count
@@ -458,6 +512,8 @@ class Engine:
         for request in scheduled:
             request.computed_tokens += request.scheduled
             request.scheduled = 0
+            if request.block_hashes:
+                self._fill(request)
             if request.computed_tokens < request.prompt_tokens + request.output_tokens:
                 continue  # a prompt chunk: no token yet
             request.output_tokens += 1
@@ -484,7 +540,14 @@ class Engine:
 
     def _release(self, request: _Request) -> None:
         """Give back a request's blocks and adapter use (it already left ``_running``)."""
-        self._free_blocks += request.blocks
+        if request.cached:
+            assert self._cache is not None  # only a caching engine gives a request cached blocks
+            # A cached block another request still holds stays in use.
+            self._free_blocks += request.blocks - len(request.cached) + self._cache.release(request.cached)
+            request.cached = []
+            request.filled = 0
+        else:
+            self._free_blocks += request.blocks
         self._kv_tokens -= request.computed_tokens + request.scheduled
         request.blocks = 0
         request.scheduled = 0
@@ -519,20 +582,34 @@ class Engine:
                     stop = i + 1
                     break
                 continue
-            # A resumed (preempted) request recomputes its output tokens too.
-            remaining = request.prompt_tokens + request.output_tokens
+            # A resumed (preempted) request recomputes its output tokens too, but for its cached prefix.
+            known = request.prompt_tokens + request.output_tokens
+            hits = self._cached_prefix(request, known)
+            hit_tokens = hits * BLOCK_SIZE
+            remaining = known - hit_tokens
             if remaining > budget and not chunk:
                 stop = i
                 break
             count = min(remaining, budget)
-            need = blocks_for(count)
-            if need > self._free_blocks:
+            need = blocks_for(hit_tokens + count) - hits
+            cache = self._cache
+            # Cached blocks no request holds are among the free ones: taking them uses them up too.
+            from_free = cache.free_among(request.block_hashes[:hits]) if cache is not None and hits else 0
+            if need + from_free > self._free_blocks:
                 stop = i
                 break
-            self._free_blocks -= need
-            request.blocks = need
+            if cache is not None and hits:
+                self._free_blocks -= cache.acquire(request.block_hashes[:hits])
+                request.cached = list(request.block_hashes[:hits])
+                request.filled = hits
+            self._take_free(need)
+            if self._cache is not None:
+                self._prefix_queries += known
+                self._prefix_hits += hit_tokens
+            request.computed_tokens = hit_tokens
+            request.blocks = hits + need
             request.scheduled = count
-            self._kv_tokens += count
+            self._kv_tokens += hit_tokens + count
             budget -= count
             self._running[request.request_id] = request
             if request.scheduled_at is None:
@@ -549,6 +626,32 @@ class Engine:
         if admitted:
             self._waiting = skipped + self._waiting[stop:]
         return admitted, load_seconds
+
+    def _cached_prefix(self, request: _Request, known: int) -> int:
+        """The blocks of ``request`` it would find cached now: all its known tokens but the last may
+        hit, as vLLM recomputes at least one token to sample the next."""
+        if not request.block_hashes or self._cache is None:
+            return 0
+        return self._cache.match(request.block_hashes, (known - 1) // BLOCK_SIZE)
+
+    def _take_free(self, count: int) -> None:
+        """Use ``count`` free blocks: uncached ones first, then the least recently freed cached ones."""
+        self._free_blocks -= count
+        cache = self._cache
+        if cache is not None and cache.free_count > self._free_blocks:
+            cache.evict(cache.free_count - self._free_blocks)
+
+    def _fill(self, request: _Request) -> None:
+        """Cache the blocks ``request`` has computed full since the last step."""
+        cache = self._cache
+        assert cache is not None  # only a caching engine keeps a request's hashes
+        full = min(request.computed_tokens // BLOCK_SIZE, len(request.block_hashes))
+        for index in range(request.filled, full):
+            block_hash = request.block_hashes[index]
+            if cache.add(block_hash):
+                request.cached.append(block_hash)
+        if full > request.filled:
+            request.filled = full
 
     def _eligible_waiting(self, admitted: int) -> int:
         """Waiting requests not yet admitted this step that are for the base model or a running adapter."""

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pointsman_shared.snapshot import PodSnapshot
-from pointsman_sim.engine import Engine, EngineConfig, FinishedRequest, RequestRejected, Totals
+from pointsman_sim.engine import BLOCK_SIZE, Engine, EngineConfig, FinishedRequest, RequestRejected, Totals
+from pointsman_sim.prefix import Span, spans_block_hashes
 
 DEFAULT_SNAPSHOT_INTERVAL = 0.05
 
@@ -34,10 +35,23 @@ class TraceRequest:
     prompt_tokens: int
     max_tokens: int
     adapter: str | None = None
+    tokens: tuple[Span, ...] = ()
+    """The request's token ids as spans (``pointsman_sim.prefix``): the whole prompt, then as much of
+    the output as is known (a conversation's next turn repeats this turn's answer). None: tokens shared
+    with no other request."""
+
     tenant: str | None = None
     """Who sent it (a gateway's fairness id)."""
     objective: str | None = None
     """The InferenceObjective it names (its priority: negative is sheddable)."""
+
+    def __post_init__(self) -> None:
+        described = sum(span.length for span in self.tokens)
+        if self.tokens and not self.prompt_tokens <= described <= self.prompt_tokens + self.max_tokens:
+            raise ValueError(
+                f"spans of {described} tokens for a prompt of {self.prompt_tokens} and "
+                f"{self.max_tokens} output tokens: they must cover the prompt and no more than the output"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +105,16 @@ _ARRIVAL, _STEP_END, _SNAPSHOT = 0, 1, 2  # at equal times: arrivals queue befor
 
 
 def pod_snapshot(address: str, engine: Engine, now: float) -> PodSnapshot:
-    """What the collector would publish for this engine at ``now``."""
+    """What the collector would publish for this engine at ``now`` (the prefix-cache hit rate since the
+    start, where the collector's is over its window)."""
     return PodSnapshot(
         address=address,
         waiting=engine.waiting_count,
         running=engine.running_count,
         kv_cache_usage=engine.kv_usage,
+        prefix_cache_hit_rate=engine.prefix_cache_hit_rate,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=engine.config.num_gpu_blocks,
         max_lora=engine.max_loras,
         running_adapters=engine.running_adapters,
         waiting_adapters=engine.waiting_adapters,
@@ -112,13 +130,18 @@ def run_fleet(
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL,
     on_finish: FinishSink | None = None,
     dispatch: Dispatch | None = None,
+    on_start: Callable[[Sequence[Engine]], None] | None = None,
 ) -> FleetResult:
     """Run the trace (sorted by arrival) through one engine per config until every request ends;
     ``on_finish`` hears of each request as it ends (a router that counts in-flight requests);
-    ``dispatch`` places the requests the router held."""
+    ``dispatch`` places the requests the router held; ``on_start`` is handed the engines before the
+    first arrival (a router that reads them: a bound of what routing can achieve, not a router one
+    could deploy)."""
     if snapshot_interval <= 0:
         raise ValueError(f"snapshot_interval must be positive, got {snapshot_interval}")
     engines = [Engine(config) for config in configs]
+    if on_start is not None:
+        on_start(engines)
     addresses = [f"pod-{i}" for i in range(len(engines))]
     snapshots = [
         pod_snapshot(address, engine, 0.0) for address, engine in zip(addresses, engines, strict=True)
@@ -165,8 +188,10 @@ def run_fleet(
             return
         request = trace[index]
         pod, adapter = (choice, request.adapter) if isinstance(choice, int) else (choice.pod, choice.adapter)
+        # Hashed for the adapter that serves it: a router that rewrote the model changes its blocks.
+        hashes = spans_block_hashes(request.tokens, adapter, BLOCK_SIZE) if request.tokens else ()
         try:
-            engines[pod].submit(f"r{index}", request.prompt_tokens, request.max_tokens, adapter, now)
+            engines[pod].submit(f"r{index}", request.prompt_tokens, request.max_tokens, adapter, now, hashes)
         except RequestRejected:
             rejected += 1
             return

@@ -151,10 +151,18 @@ class PodMetrics:
     """Everything one pod's page shows that is not read live from the engine."""
 
     def __init__(
-        self, model_name: str, num_gpu_blocks: int, *, version: str = "current", lora_semantics: str = "v0"
+        self,
+        model_name: str,
+        num_gpu_blocks: int,
+        *,
+        version: str = "current",
+        lora_semantics: str = "v0",
+        prefix_caching: bool = True,
     ) -> None:
         if version not in METRICS_VERSIONS:
             raise ValueError(f"unknown metrics version {version!r}")
+        self._v0 = version == "v0"
+        self._prefix_caching = prefix_caching
         if version == "v0":
             self._kv_name, kv_help = (
                 "vllm:gpu_cache_usage_perc",
@@ -180,7 +188,7 @@ class PodMetrics:
             {
                 "block_size": str(BLOCK_SIZE),
                 "cache_dtype": "auto",
-                "enable_prefix_caching": "False",
+                "enable_prefix_caching": str(prefix_caching),
                 "engine": "0",
                 "gpu_memory_utilization": "0.9",
                 "num_gpu_blocks": str(num_gpu_blocks),
@@ -226,6 +234,8 @@ class PodMetrics:
                 _sample("vllm:num_requests_waiting", m, load.waiting),
                 self._kv_header,
                 _sample(self._kv_name, m, load.kv_cache_usage),
+                # Where vLLM registers them: right after the KV gauge.
+                self._prefix_cache(totals),
                 self.lora_info.render(),
                 _header("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
                 _sample("vllm:prompt_tokens_total", m, totals.prompt_tokens),
@@ -246,6 +256,39 @@ class PodMetrics:
                 self.e2e.render(),
                 _header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig"),
                 _sample("vllm:cache_config_info", self._cache_config, 1),
+            )
+        )
+
+    def _prefix_cache(self, totals: Totals) -> str:
+        """vLLM V1's token counters; V0's gauge instead: hits over queries since the start, in blocks
+        (the simulator's hits are whole blocks, so the token ratio is the same), -1 when disabled."""
+        m = self._labels
+        if self._v0:
+            if not self._prefix_caching:
+                rate = -1.0
+            else:
+                rate = (
+                    totals.prefix_cache_hits / totals.prefix_cache_queries
+                    if totals.prefix_cache_queries
+                    else 0.0
+                )
+            return _header(
+                "vllm:gpu_prefix_cache_hit_rate", "gauge", "GPU prefix cache block hit rate."
+            ) + _sample("vllm:gpu_prefix_cache_hit_rate", m, rate)
+        return "".join(
+            (
+                _header(
+                    "vllm:prefix_cache_queries_total",
+                    "counter",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                ),
+                _sample("vllm:prefix_cache_queries_total", m, totals.prefix_cache_queries),
+                _header(
+                    "vllm:prefix_cache_hits_total",
+                    "counter",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                ),
+                _sample("vllm:prefix_cache_hits_total", m, totals.prefix_cache_hits),
             )
         )
 

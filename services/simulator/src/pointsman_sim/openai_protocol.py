@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import cycle, islice
 
+from pointsman_sim.prefix import tokenize
+
 DEFAULT_MAX_TOKENS = 16
 
 _FILLER = (
@@ -26,15 +28,15 @@ class GenerationCall:
     """What the simulator needs from a completion or chat request."""
 
     model: str
-    prompt_tokens: int
+    prompt: tuple[int, ...]
+    """The prompt's token ids: the stand-in tokenizer's (``prefix.tokenize``), or the ids sent."""
     max_tokens: int
     stream: bool
     include_usage: bool
 
-
-def approx_tokens(chars: int) -> int:
-    """About four characters per token, as for English text with a Llama tokenizer; at least 1."""
-    return max(1, chars // 4)
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
 
 
 def parse_completion(body: object) -> GenerationCall:
@@ -44,12 +46,12 @@ def parse_completion(body: object) -> GenerationCall:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        prompt_tokens = approx_tokens(len(prompt))
+        tokens = tokenize(prompt)
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        prompt_tokens = len(prompt)
+        tokens = tuple(prompt)
     else:
         raise InvalidRequest("prompt must be a string or a list of token ids (one prompt)", "prompt")
-    return _call(fields, prompt_tokens, fields.get("max_tokens"))
+    return _call(fields, tokens, fields.get("max_tokens"))
 
 
 def parse_chat(body: object) -> GenerationCall:
@@ -57,9 +59,11 @@ def parse_chat(body: object) -> GenerationCall:
     messages = fields.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise InvalidRequest("messages must be a non-empty list of message objects", "messages")
-    chars = sum(_content_chars(m.get("content")) for m in messages)
+    # The messages' texts one after the other stand for the chat template's rendering: a conversation
+    # that grows keeps its earlier turns as the prefix of its prompt.
+    text = "".join(_content_text(m.get("content")) for m in messages)
     max_tokens = fields.get("max_completion_tokens", fields.get("max_tokens"))
-    return _call(fields, approx_tokens(chars), max_tokens)
+    return _call(fields, tokenize(text), max_tokens)
 
 
 def _object(body: object) -> dict[str, object]:
@@ -74,26 +78,24 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _content_chars(content: object) -> int:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):  # content parts: count the text ones
-        return sum(
-            len(part["text"])
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        return content
+    if isinstance(content, list):  # content parts: the text ones
+        return "".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
-    return 0
+    return ""
 
 
-def _call(fields: dict[str, object], prompt_tokens: int, max_tokens: object) -> GenerationCall:
+def _call(fields: dict[str, object], prompt: tuple[int, ...], max_tokens: object) -> GenerationCall:
     stream = fields.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", "stream")
     options = fields.get("stream_options")
     return GenerationCall(
         model=str(fields["model"]),
-        prompt_tokens=prompt_tokens,
+        prompt=prompt,
         max_tokens=_max_tokens(max_tokens),
         stream=stream,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,

@@ -9,8 +9,9 @@ from types import TracebackType
 
 from pointsman_sim.control import Faults, Pins
 from pointsman_sim.driver import EngineDriver, RequestStream
-from pointsman_sim.engine import Engine, EngineConfig, StepResult
+from pointsman_sim.engine import BLOCK_SIZE, Engine, EngineConfig, StepResult
 from pointsman_sim.metrics import Load, PodMetrics
+from pointsman_sim.prefix import block_hashes
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -53,6 +54,7 @@ class SimPod:
             spec.engine.num_gpu_blocks,
             version=spec.metrics_version,
             lora_semantics=spec.lora_info_labels,
+            prefix_caching=spec.engine.enable_prefix_caching,
         )
         self.pins: Pins | None = None
         self.faults: Faults | None = None
@@ -97,10 +99,18 @@ class SimPod:
             return model
         raise ModelNotServed(model)
 
-    def submit(self, request_id: str, model: str, prompt_tokens: int, max_tokens: int) -> RequestStream:
-        """Raise :class:`ModelNotServed`, or the engine's ``RequestRejected``."""
+    def submit(
+        self, request_id: str, model: str, prompt: int | tuple[int, ...], max_tokens: int
+    ) -> RequestStream:
+        """Raise :class:`ModelNotServed`, or the engine's ``RequestRejected``.
+
+        ``prompt``: its token ids, whose full blocks the prefix cache may share; or a count of tokens
+        that share nothing with any other request's."""
         adapter = self.adapter_for(model)
-        return self.driver.submit(request_id, prompt_tokens, max_tokens, adapter)
+        if isinstance(prompt, int):
+            return self.driver.submit(request_id, prompt, max_tokens, adapter)
+        hashes = block_hashes(prompt, adapter, BLOCK_SIZE)
+        return self.driver.submit(request_id, len(prompt), max_tokens, adapter, hashes)
 
     def cancel(self, request_id: str) -> None:
         self.driver.cancel(request_id)

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from pointsman_quality import report
-from pointsman_quality.contenders import NAMES, contenders
+from pointsman_quality.contenders import KNOWN, contenders
 from pointsman_quality.scenario import Scenario, ScenarioError, engine_configs, load_scenario
 from pointsman_quality.sweep import Sweep, VariantResult
 from pointsman_shared import cli
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
     if args.list_contenders:
-        print("\n".join(NAMES))
+        print("\n".join(KNOWN))
         return 0
     if not args.scenarios:
         print("pointsman-quality: give at least one scenario file", file=sys.stderr)

@@ -14,6 +14,9 @@ that also hears when each of its requests ends.
 - ``random``, ``round-robin`` (a Kubernetes Service, Envoy ``ROUND_ROBIN``), ``least-request`` (Envoy
   ``LEAST_REQUEST``: the fewer in-flight of two random pods, counted by the router itself) and
   ``shortest-queue`` (the fewest waiting in the 50 ms snapshot: a naive metrics router).
+- ``oracle-prefix``: not a router anyone could deploy but a bound (virtual time only): it reads every
+  pod's engine at the moment of each request, its cached blocks and its queue, and sends the request
+  where the most of its prefix is cached among the pods whose load is near the least loaded's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import yaml
 
@@ -33,7 +36,9 @@ from pointsman_quality.scenario import Scenario, ScenarioError
 from pointsman_quality.workload import ModelMix
 from pointsman_shared.config import ConfigError, PointsmanConfig, parse_config
 from pointsman_shared.snapshot import PodSnapshot
+from pointsman_sim.engine import BLOCK_SIZE, Engine
 from pointsman_sim.fleet import Hold, Placement, RoundRobin, TraceRequest
+from pointsman_sim.prefix import spans_block_hashes
 
 
 class Router(Protocol):
@@ -42,6 +47,53 @@ class Router(Protocol):
     ) -> int | Placement | Hold | None: ...
 
     def finished(self, request: TraceRequest) -> None: ...
+
+
+@runtime_checkable
+class EngineReader(Protocol):
+    """A router that reads the engines themselves (a bound): the fleet driver hands them over first."""
+
+    def attach(self, engines: Sequence[Engine]) -> None: ...
+
+
+class OraclePrefixRouter:
+    """``oracle-prefix``: among the pods whose load (waiting + running) is at most the least loaded
+    pod's plus ``slack`` (4 requests, or a quarter more at high load), the one holding the longest
+    cached prefix of the request's blocks, then the one with its adapter in a GPU slot, then the least
+    loaded (the lowest index on ties). Reads the engines as they are, not a snapshot."""
+
+    SLACK = 4
+
+    def __init__(self) -> None:
+        self._engines: Sequence[Engine] = ()
+
+    def attach(self, engines: Sequence[Engine]) -> None:
+        self._engines = engines
+
+    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> int:
+        engines = self._engines
+        if len(engines) != len(pods):
+            raise RuntimeError("oracle-prefix reads the engines: run it through the fleet driver's on_start")
+        hashes = spans_block_hashes(request.tokens, request.adapter, BLOCK_SIZE) if request.tokens else ()
+        loads = [e.waiting_count + e.running_count for e in engines]
+        least = min(loads)
+        ceiling = least + max(self.SLACK, least // 4)
+        best: tuple[int, bool, int] | None = None
+        choice = 0
+        for i, engine in enumerate(engines):
+            if loads[i] > ceiling:
+                continue
+            key = (
+                engine.cached_prefix_blocks(hashes) if hashes else 0,
+                request.adapter is None or request.adapter in engine.gpu_adapters,
+                -loads[i],
+            )
+            if best is None or key > best:
+                best, choice = key, i
+        return choice
+
+    def finished(self, request: TraceRequest) -> None:
+        pass
 
 
 class RandomRouter:
@@ -107,6 +159,9 @@ BASELINES: dict[str, Callable[[random.Random], Router]] = {
     "shortest-queue": ShortestQueueRouter,
 }
 
+# Bounds, not routers: run only when a scenario names them (virtual time only).
+BOUNDS: dict[str, Callable[[random.Random], Router]] = {"oracle-prefix": lambda rng: OraclePrefixRouter()}
+
 # Pointsman contenders by name: inline settings, or a file of config/profiles/ (the documented ones).
 POINTSMAN: dict[str, dict[str, Any] | str] = {
     "pointsman-423": {"picker": {"profile": "default"}},
@@ -122,10 +177,12 @@ TWO_PICKERS, SHARED = "-2-pickers", "-2-pickers-shared"
 # Of these, two pickers with and without the shared prefix index (any Pointsman contender can be named so).
 REPLICATED = ("gie-default", "pointsman-best-prefix")
 
-NAMES = (
+NAMES = (*POINTSMAN, *BASELINES)  # a scenario's contenders when it names none
+KNOWN = (
     *POINTSMAN,
     *(name + suffix for name in REPLICATED for suffix in (TWO_PICKERS, SHARED)),
     *BASELINES,
+    *BOUNDS,
 )
 
 
@@ -149,7 +206,7 @@ class Contender:
         # Every contender draws from the same stream: a name must not decide the luck of its draws.
         rng = random.Random(f"{scenario.seed}:{repeat}:router")
         if self.config is None:
-            return BASELINES[self.name](rng)
+            return {**BASELINES, **BOUNDS}[self.name](rng)
         if self.pickers == 2:
             return TwoPickers(self.config, scenario.traffic.base_model, rng, shared=self.shared)
         return DirectorRouter(self.config, scenario.traffic.base_model, rng)
@@ -188,13 +245,13 @@ def contenders(scenario: Scenario, profiles_dir: Path, scenario_dir: Path | None
     for i, name in enumerate(scenario.contenders or NAMES):
         where = f"contenders[{i}]"
         base_name = replicas(name)[0]
-        if name in BASELINES:
+        if name in BASELINES or name in BOUNDS:
             wanted.append((where, name, None))
         elif base_name in POINTSMAN:
             spec = POINTSMAN[base_name]
             wanted.append((where, name, _read(profiles_dir / spec, where) if isinstance(spec, str) else spec))
         else:
-            raise ScenarioError(where, [(where, f"unknown contender {name!r} (known: {', '.join(NAMES)})")])
+            raise ScenarioError(where, [(where, f"unknown contender {name!r} (known: {', '.join(KNOWN)})")])
     for i, extra in enumerate(scenario.extra_contenders):
         where = f"extraContenders[{i}].config"
         if isinstance(extra.config, str):

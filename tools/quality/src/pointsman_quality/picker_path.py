@@ -29,7 +29,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director
@@ -41,6 +40,7 @@ from pointsman_picker.scheduling.prefix_cache import Announcement, PrefixCachePr
 from pointsman_shared.config import PointsmanConfig
 from pointsman_shared.snapshot import PodSnapshot, PoolSnapshot
 from pointsman_sim.fleet import HOLD, Hold, Placement, TraceRequest
+from pointsman_sim.prefix import prompt_text as spans_text
 
 
 class FleetSnapshots:
@@ -150,19 +150,13 @@ class DirectorRouter:
 
 
 def prompt_text(request: TraceRequest, number: int) -> str:
-    """Four characters a token, as the simulator counts them: the text of the request's spans (each
-    span's seed spelt over and over), or, without spans, the request's ``number`` then filler."""
+    """Four characters a token, as the simulator counts them: the text of the request's spans (the
+    simulator's stand-in tokenizer reads it back as the spans' ids), or, without spans, the request's
+    ``number`` then filler, so that requests without spans share no prefix."""
+    if request.tokens:
+        return spans_text(request.tokens, request.prompt_tokens)
     length = 4 * request.prompt_tokens
-    spans: Sequence[Any] = getattr(request, "tokens", ())
-    if not spans:
-        head = f"request {number}: "
-        return (head + "x" * length)[:length]
-    parts = []
-    for span in spans:
-        unit = f"<{span.seed:x}>"
-        size = 4 * span.length
-        parts.append((unit * (size // len(unit) + 1))[:size])
-    return "".join(parts)[:length]
+    return (f"request {number}: " + "x" * length)[:length]
 
 
 def request_body(model: str, prompt: str) -> bytes:

@@ -26,6 +26,11 @@ SUMMARY_FIELDS = tuple(name for name in TARGET_METRICS if name != "capacity")  #
 
 
 OTHERS = "others"  # a target's `than`: the best of the other contenders on that metric
+ORACLE = "oracle-prefix"  # the bound each contender's prefix-cache hit rate is held against
+
+
+def _fraction(value: float, bound: float) -> str:
+    return f"{value / bound:.2f}" if bound > 0 else "-"
 
 
 def metric(stats: RunStats, name: str) -> float:
@@ -289,21 +294,35 @@ def markdown(
         lines.append("")
         for path in plots.get(result.variant, ()):
             lines += [f"![{path.stem}]({path.name})", ""]
+        # Prompts that share prefixes: each contender's prefix-cache hit rate, and as a fraction of the
+        # bound's when it ran.
+        prefixes = scenario.traffic.prompts is not None
         for level, runs in result.levels:
             rate = next(iter(runs.values())).rate if runs else 0.0
+            oracle = runs.get(ORACLE)
+            head, rule = "", ""
+            if prefixes:
+                head, rule = " prefix hit rate |", "---|"
+                if oracle is not None:
+                    head, rule = head + " x oracle-prefix |", rule + "---|"
             lines += [
                 f"### load {level:g} ({rate:.1f} req/s)",
                 "",
                 "| contender | TTFT p50 (ms) | p90 | p99 | TPOT p90 (ms) | e2e p90 (s) | tokens/s | "
-                "adapter loads disk/CPU | 429s | finished |",
-                "|---|---|---|---|---|---|---|---|---|---|",
+                "adapter loads disk/CPU | 429s | finished |" + head,
+                "|---|---|---|---|---|---|---|---|---|---|" + rule,
             ]
             for name, s in sorted(runs.items(), key=lambda kv: kv[1].ttft_p90_s):
+                hits = ""
+                if prefixes:
+                    hits = f" {s.prefix_hit_rate:.3f} |"
+                    if oracle is not None:
+                        hits += f" {_fraction(s.prefix_hit_rate, oracle.prefix_hit_rate)} |"
                 lines.append(
                     f"| {name} | {_ms(s.ttft_p50_s)} | {_ms(s.ttft_p90_s)} | {_ms(s.ttft_p99_s)} | "
                     f"{s.tpot_p90_s * 1000:.1f} | {s.e2e_p90_s:.2f} | {s.tokens_per_s:,.0f} | "
                     f"{s.adapter_loads_disk}/{s.adapter_loads_cpu} | {s.rejected} | "
-                    f"{s.finished}/{s.requests} |"
+                    f"{s.finished}/{s.requests} |" + hits
                 )
             lines.append("")
     return "\n".join(lines)

@@ -6,11 +6,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypedDict
 
-from pointsman_quality.contenders import Contender, Router
+from pointsman_quality.contenders import Contender, EngineReader, Router
 from pointsman_quality.scenario import Scenario
 from pointsman_quality.workload import build_trace
 from pointsman_shared.stats import percentile
-from pointsman_sim.engine import EngineConfig, FinishedRequest
+from pointsman_sim.engine import EngineConfig, FinishedRequest, Totals
 from pointsman_sim.fleet import FinishSink, FleetResult, Served, TraceRequest, run_fleet
 
 
@@ -32,6 +32,9 @@ class RunStats:
     # Requests not finished, every repeat's together: the counts above are per repeat and rounded, so a
     # single refused request in two repeats can round away; the capacity criterion reads this one.
     unserved: int
+    # Prefix-cache tokens hit over tokens looked up, every pod's (whole blocks: as blocks hit over
+    # blocks queried); 0 when nothing was looked up (caching off).
+    prefix_hit_rate: float = 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -88,7 +91,14 @@ def stats(rate: float, requests: int, results: Sequence[FleetResult], pods: int)
         adapter_loads_cpu=round(sum(t.lora_loads_from_cpu for r in results for t in r.totals) / n),
         max_pod_share=max(per_pod) / len(served) if served else 0.0,
         unserved=requests - len(served),
+        prefix_hit_rate=prefix_hit_rate([t for result in results for t in result.totals]),
     )
+
+
+def prefix_hit_rate(totals: Sequence[Totals]) -> float:
+    """Every pod's prefix-cache hits over its queries, together."""
+    queries = sum(t.prefix_cache_queries for t in totals)
+    return sum(t.prefix_cache_hits for t in totals) / queries if queries else 0.0
 
 
 def canonical_rate(rate: float) -> float:
@@ -113,6 +123,7 @@ def run(
     for repeat in range(repeats):
         trace = build_trace(scenario, rate, duration, repeat)
         router = contender.router(scenario, repeat)
+        reader = router.attach if isinstance(router, EngineReader) else None
         results.append(
             run_fleet(
                 engines,
@@ -120,6 +131,7 @@ def run(
                 router,
                 on_finish=_releaser(trace, router),
                 dispatch=getattr(router, "dispatch", None),
+                on_start=reader,
             )
         )
         requests += len(trace)

@@ -51,6 +51,7 @@ TARGET_METRICS = (
     "tokens_per_s",
     "adapter_loads",
     "rejected",
+    "prefix_hit_rate",
 )
 
 
@@ -119,6 +120,36 @@ class Lengths(_Model):
     output_tokens: int = Field(default=100, ge=1)  # fixed only
 
 
+class SharedPrefix(_Model):
+    """inference-perf's shared-prefix shape: ``numGroups`` system prompts of ``systemPromptLen`` tokens,
+    each followed by one of ``numPromptsPerGroup`` questions of ``questionLen``; each request asks one
+    of the ``numGroups x numPromptsPerGroup`` prompts, drawn uniformly, for ``outputLen`` tokens.
+    ``perAdapter``: a group per model instead, the request's own (each adapter, and the base model, its
+    own system prompt; ``numGroups`` is then unused)."""
+
+    kind: Literal["shared-prefix"]
+    num_groups: int = Field(default=1, ge=1, le=100_000)
+    num_prompts_per_group: int = Field(default=1, ge=1, le=1_000_000)
+    system_prompt_len: int = Field(ge=0)
+    question_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    per_adapter: bool = False
+
+
+class MultiTurn(_Model):
+    """Conversations of ``turns`` turns that start as the arrival process says (at the scenario's rate
+    over ``turns``, so requests arrive at the rate); turn k+1 comes a think time (exponential, mean
+    ``thinkTime``) after turn k arrived, its prompt every earlier turn (system prompt, questions and
+    answers) and a new question: a context that grows turn by turn."""
+
+    kind: Literal["multi-turn"]
+    turns: int = Field(ge=1, le=1000)
+    system_prompt_len: int = Field(default=0, ge=0)
+    question_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    think_time: PositiveSeconds = 10.0
+
+
 class Traffic(_Model):
     base_model: str = "meta-llama/Llama-3.1-8B-Instruct"
     base_share: float = Field(default=0.0, ge=0)
@@ -127,6 +158,8 @@ class Traffic(_Model):
     criticality: Literal["Critical", "Standard", "Sheddable"] = "Critical"
     arrivals: Arrivals = Arrivals()
     lengths: Lengths = Lengths()
+    prompts: Annotated[SharedPrefix | MultiTurn, Field(discriminator="kind")] | None = None
+    """Prompts that share prefixes (their lengths replace ``lengths``); none: every prompt its own."""
 
     @model_validator(mode="after")
     def _some_traffic(self) -> Traffic:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pointsman_quality.contenders import Contender
-from pointsman_quality.runs import RunStats, served_figures
+from pointsman_quality.contenders import Contender, EngineReader
+from pointsman_quality.runs import RunStats, prefix_hit_rate, served_figures
 from pointsman_quality.scenario import Scenario
 from pointsman_shared.stats import median
 from pointsman_sim.engine import EngineConfig
@@ -34,6 +34,7 @@ def virtual_run(
         router,
         snapshot_interval=snapshot_interval,
         on_finish=lambda i, _served: router.finished(trace[i]),
+        on_start=router.attach if isinstance(router, EngineReader) else None,
     )
     return window_stats(rate, trace, result, len(engines), since)
 
@@ -62,6 +63,7 @@ def window_stats(
         adapter_loads_cpu=sum(t.lora_loads_from_cpu for t in result.totals),
         max_pod_share=max(per_pod) / len(served) if served else 0.0,
         unserved=len(counted) - len(served),
+        prefix_hit_rate=prefix_hit_rate(result.totals),
     )
 
 

@@ -8,12 +8,14 @@ different rates differ only in how fast the same requests arrive.
 from __future__ import annotations
 
 import random
+import zlib
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-from pointsman_quality.scenario import Scenario, Traffic
+from pointsman_quality.scenario import MultiTurn, Scenario, SharedPrefix, Traffic
 from pointsman_sim.fleet import TraceRequest
+from pointsman_sim.prefix import Span
 from pointsman_sim.traces import SHAREGPT_OUTPUT, SHAREGPT_PROMPT, lognormal
 
 
@@ -98,9 +100,13 @@ def build_trace(scenario: Scenario, rate: float, duration: float, repeat: int = 
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
     traffic = scenario.traffic
+    if isinstance(traffic.prompts, MultiTurn):
+        return _conversations(scenario, traffic.prompts, rate, duration, repeat)
     times = arrivals(scenario, rate, duration, f"{scenario.seed}:{repeat}:arrivals")
     shapes = random.Random(f"{scenario.seed}:{repeat}:requests")
     draw = ModelMix.of(traffic).drawer()
+    if isinstance(traffic.prompts, SharedPrefix):
+        return _shared_prefix(scenario, traffic.prompts, times, shapes, draw)
     trace = []
     for at in times:
         if traffic.lengths.dataset == "fixed":
@@ -108,4 +114,56 @@ def build_trace(scenario: Scenario, rate: float, duration: float, repeat: int = 
         else:
             prompt, output = lognormal(shapes, SHAREGPT_PROMPT), lognormal(shapes, SHAREGPT_OUTPUT)
         trace.append(TraceRequest(at, prompt, output, draw(shapes)))
+    return trace
+
+
+def _seed(scenario: Scenario, *parts: object) -> int:
+    """A span's seed: the same parts give the same tokens in every run, at every rate."""
+    return zlib.crc32(":".join(map(str, (scenario.seed, *parts))).encode())
+
+
+def _shared_prefix(
+    scenario: Scenario, spec: SharedPrefix, times: list[float], shapes: random.Random, draw: _Draw
+) -> list[TraceRequest]:
+    names = ModelMix.of(scenario.traffic).names
+    trace = []
+    for at in times:
+        model = draw(shapes)
+        group = names.index(model) if spec.per_adapter else shapes.randrange(spec.num_groups)
+        prompt = shapes.randrange(spec.num_prompts_per_group)
+        system = Span(_seed(scenario, "system", group), spec.system_prompt_len)
+        question = Span(_seed(scenario, "question", group, prompt), spec.question_len)
+        tokens = (system, question) if spec.system_prompt_len else (question,)
+        length = spec.system_prompt_len + spec.question_len
+        trace.append(TraceRequest(at, length, spec.output_len, model, tokens))
+    return trace
+
+
+def _conversations(
+    scenario: Scenario, spec: MultiTurn, rate: float, duration: float, repeat: int
+) -> list[TraceRequest]:
+    """Every turn of the conversations that start within ``duration``, sorted by arrival. The starts
+    are the arrival process at ``rate / turns``; think times come from the conversation's own stream,
+    so a conversation's turns are the same ones at every rate, only its start moves."""
+    starts = arrivals(scenario, rate / spec.turns, duration, f"{scenario.seed}:{repeat}:arrivals")
+    draw = ModelMix.of(scenario.traffic).drawer()
+    trace = []
+    for number, start in enumerate(starts):
+        stream = random.Random(f"{scenario.seed}:{repeat}:conversation:{number}")
+        model = draw(stream)
+        context: tuple[Span, ...] = ()
+        if spec.system_prompt_len:
+            # One system prompt per model, as an application's: shared by its conversations.
+            context = (Span(_seed(scenario, "system", model), spec.system_prompt_len),)
+        at = start
+        for turn in range(spec.turns):
+            question = Span(_seed(scenario, repeat, number, turn, "question"), spec.question_len)
+            answer = Span(_seed(scenario, repeat, number, turn, "answer"), spec.output_len)
+            context += (question,)
+            prompt = sum(span.length for span in context)
+            # The answer's tokens too: the next turn's prompt repeats them.
+            trace.append(TraceRequest(at, prompt, spec.output_len, model, (*context, answer)))
+            context += (answer,)
+            at += stream.expovariate(1.0 / spec.think_time)
+    trace.sort(key=lambda r: r.arrival)
     return trace

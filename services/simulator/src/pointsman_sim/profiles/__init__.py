@@ -59,17 +59,30 @@ ENGINE_KEYS = (
 def parse_profile(name: str, data: Any) -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"profile {name}: expected a mapping, got {type(data).__name__}")
-    known = {*ENGINE_KEYS, "model", "vllm_version", "scheduler", "step_time", "lora_load"}
+    known = {
+        *ENGINE_KEYS,
+        "model",
+        "vllm_version",
+        "scheduler",
+        "enable_prefix_caching",
+        "step_time",
+        "lora_load",
+    }
     unknown = sorted(set(data) - known)
     if unknown:
         raise ProfileError(f"profile {name}: unknown keys {unknown}")
     scheduler = data.get("scheduler")
     if scheduler not in ("v0", "v1"):
         raise ProfileError(f"profile {name}: scheduler must be v0 or v1, got {scheduler!r}")
+    # vLLM V1 caches prefixes unless told not to; V0 did only when asked.
+    caching = data.get("enable_prefix_caching", scheduler == "v1")
+    if not isinstance(caching, bool):
+        raise ProfileError(f"profile {name}: enable_prefix_caching must be true or false, got {caching!r}")
     try:
         engine = EngineConfig(
             **{key: data[key] for key in ENGINE_KEYS if key in data},
             chunked_prefill=scheduler == "v1",
+            enable_prefix_caching=caching,
             step_time=_section(name, "step_time", StepTimeModel, data.get("step_time", {})),
             lora_load=_section(name, "lora_load", LoraLoadModel, data.get("lora_load", {})),
         )
