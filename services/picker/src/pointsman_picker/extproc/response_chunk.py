@@ -40,7 +40,11 @@ def response_body(payload: bytes) -> tuple[bytes, bool] | None:
     if not payload or payload[0] != _RESPONSE_BODY_TAG:
         return None
     try:
-        length, at = _varint(payload, 1)
+        # Lengths under 128 (a token's event is longer, Envoy's empty metadata shorter) are one byte.
+        length = payload[1]
+        at = 2
+        if length >= 0x80:
+            length, at = _varint(payload, 1)
         end = at + length
         if end != len(payload):
             # Only metadata_context may follow, and nothing after it.
@@ -52,7 +56,11 @@ def response_body(payload: bytes) -> tuple[bytes, bool] | None:
         chunk = b""
         end_of_stream = False
         if at < end and payload[at] == _BODY_TAG:
-            size, at = _varint(payload, at + 1)
+            size = payload[at + 1]
+            if size < 0x80:
+                at += 2
+            else:
+                size, at = _varint(payload, at + 1)
             if at + size > end:
                 return None
             chunk = payload[at : at + size]
