@@ -444,7 +444,12 @@ class H2Protocol:
             data = payload
             # The common case, a frame holding one whole message: handed on without the loop below.
             compressed, length = wire.grpc_prefix(data, 0) if len(data) >= 5 else (1, 0)
-            if length + 5 == len(data) and not compressed and length <= self._max_message and not stream.reserved:
+            if (
+                length + 5 == len(data)
+                and not compressed
+                and length <= self._max_message
+                and not stream.reserved
+            ):
                 self._dispatch(stream, data[5:])
                 if stream.finished:
                     self._receiving.release(stream)

@@ -70,7 +70,11 @@ class SendScheduler(Generic[S]):
         if not outbox:
             # The common case, an answer that fits both windows and one frame: written at once.
             size = len(message)
-            if size <= self.peer_initial + stream.send_delta and size <= self.window and size <= self.max_frame:
+            if (
+                size <= self.peer_initial + stream.send_delta
+                and size <= self.window
+                and size <= self.max_frame
+            ):
                 stream.send_delta -= size
                 self.window -= size
                 self._write(wire.frame(FrameType.DATA, 0, stream.id, message))
