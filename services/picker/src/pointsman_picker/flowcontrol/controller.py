@@ -79,8 +79,9 @@ class FlowController:
         metrics: FlowMetrics | None = None,
         peers: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
-        """``clock`` is the director's (wall time); ``peers`` gives the other pickers' recent
-        assignments per pod address (counted as waiting, like this picker's own)."""
+        """``clock`` is the director's (wall time); ``peers`` gives, per pod address, what the other
+        pickers take of it beyond its snapshot (counted as waiting, like this picker's own recent
+        assignments): :meth:`.peers.PeerView.extra`."""
         self._director = director
         self._clock = clock
         self._metrics = metrics or NoFlowMetrics()
@@ -122,6 +123,15 @@ class FlowController:
     @property
     def queue(self) -> FlowQueue[Waiting]:
         return self._queue
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self._thresholds
+
+    def dispatches(self) -> dict[str, list[float]]:
+        """This picker's assignments a scrape may not have shown yet, their times per pod address:
+        what it reports to its peers (:mod:`.peers`)."""
+        return self._recent.unseen()
 
     def route(self, context: RequestContext) -> Routing | Waiting:
         """Place the request now, or hold it: a :class:`Waiting`, or a
