@@ -133,7 +133,7 @@ class PeerView:
             for report in live.values():
                 times = report.dispatches.get(pod.address)
                 if times:
-                    sent += sum(1 for t in times if t > seen)
+                    sent += sum(1 for t in times if t >= seen)
             theirs = 0
             if k > 1:
                 free = room(pod, thresholds)

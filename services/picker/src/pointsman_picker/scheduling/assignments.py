@@ -102,7 +102,7 @@ class RecentAssignments(RequestPlugin):
             seen = max(pod.updated_at, not_before)
             while times:
                 first = next(iter(times))
-                if times[first] > seen:
+                if times[first] >= seen:  # one at the scrape instant (virtual time) is not in it
                     break
                 del times[first]
             count = len(times)
