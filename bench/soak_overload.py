@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import itertools
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -270,6 +272,7 @@ async def phase(
     load = Load(port, rate, tally)
     samples: list[dict[str, Any]] = []
     began = time.perf_counter()
+    wall_began = time.time()
     driving = asyncio.create_task(load.run(seconds))
 
     async def sample() -> None:
@@ -313,6 +316,7 @@ async def phase(
     }
     return {
         "name": name,
+        "wall": [wall_began, time.time()],  # for Envoy's access log
         "rate": round(rate, 1),
         "seconds": seconds,
         "statuses": dict(sorted(tally.total.items())),
@@ -326,11 +330,57 @@ async def phase(
     }
 
 
+# Envoy's answers that are a pod's or flow control's (any other is Envoy's own).
+FLOW_ANSWERS = ("200 via_upstream", "429 pointsman", "503 pointsman")
+_ACCESS = re.compile(
+    r"^\[(?P<start>[^\]]+)\] \S+ POST \S+ upstream=\S+ status=(?P<status>\d+) flags=(?P<flags>\S+) "
+    r"details=(?P<details>\S+) .*ms=(?P<ms>\d+)"
+)
+
+
+def gateway_figures(log: Path, phases: list[dict[str, Any]]) -> None:
+    """Each phase's answers as Envoy logged them (``gateway``): by status and detail, their durations and
+    how many passed their limit. The client's own figures include its lag on a starved machine; these
+    are when the gateway answered."""
+    entries = []
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = _ACCESS.match(line)
+        if m is None:
+            continue
+        start = datetime.datetime.fromisoformat(m["start"].replace("Z", "+00:00")).timestamp()
+        entries.append((start, m["status"], m["details"], int(m["ms"]) / 1000))
+    for phase in phases:
+        low, high = phase["wall"]
+        mine = [e for e in entries if low <= e[0] < high]
+        kinds: Counter[str] = Counter(f"{status} {details}" for _, status, details, _ in mine)
+        durations: dict[str, list[float]] = {}
+        late = 0
+        for _, status, _details, seconds in mine:
+            durations.setdefault(status, []).append(seconds)
+            # A 429 is a Sheddable request's; a 200 or 503 may be a Critical one's.
+            limit = (SHEDDABLE_TTL if status == "429" else CRITICAL_TTL) + SLACK
+            late += seconds > limit
+        phase["gateway"] = {
+            "answers": kinds.most_common(),
+            "late": late,
+            "not_flow_control": sum(n for k, n in kinds.items() if not k.startswith(FLOW_ANSWERS)),
+            "seconds": {
+                status: {
+                    "p50": round(percentile(sorted(v), 0.5), 3),
+                    "p99": round(percentile(sorted(v), 0.99), 3),
+                    "max": round(max(v), 3),
+                }
+                for status, v in sorted(durations.items())
+            },
+        }
+
+
 def judge(overload: dict[str, Any], fall: dict[str, Any]) -> dict[str, Any]:
     """One load's verdict: its overload phase and the fall after it."""
     answered_ok = ("200", "429", "503")
     lost = sum(n for phase in (overload, fall) for s, n in phase["statuses"].items() if s not in answered_ok)
-    late = overload["late"] + fall["late"]
+    late = overload["gateway"]["late"] + fall["gateway"]["late"]
+    client_late = overload["late"] + fall["late"]
     bad = overload["error_bodies_not_json"] + fall["error_bodies_not_json"]
     rss: dict[str, Any] = {}
     samples = overload["samples"] + fall["samples"]
@@ -357,6 +407,9 @@ def judge(overload: dict[str, Any], fall: dict[str, Any]) -> dict[str, Any]:
         "lost": lost,
         "within_time_limit": late == 0,
         "late": late,
+        "late_as_the_client_saw": client_late,
+        "gateway_answers_not_flow_control": overload["gateway"]["not_flow_control"]
+        + fall["gateway"]["not_flow_control"],
         "error_bodies_json": bad == 0,
         "rss_bounded": all(r["bounded"] for r in rss.values()),
         "rss": rss,
@@ -388,16 +441,23 @@ def markdown(result: dict[str, Any]) -> str:
         f"time limit: its band's TTL ({CRITICAL_TTL:g} s Critical, {SHEDDABLE_TTL:g} s Sheddable) "
         f"plus {SLACK:g} s.",
         "",
-        "| load | req/s | answers (statuses) | lost | past its limit | 429/503 bodies JSON "
-        "| p99 200 / 429 / 503 (s) | queue max -> after the fall | Envoy RSS MB start / max / end "
+        "| load | req/s | answers (statuses) | lost | past its limit: gateway (client) | 429/503 bodies JSON "
+        "| gateway p99 / max 200, 429, 503 (s) | queue max -> after the fall "
+        "| Envoy RSS MB start / max / end "
         "| picker RSS MB start / max / end "
         "| cores picker / envoy (mean) | load 1m | passed |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["loads"]:
         o, v = row["overload"], row["verdict"]
-        lat = o["latency"]
-        p99 = " / ".join(str(lat[s]["p99_s"]) if s in lat else "-" for s in ("200", "429", "503"))
+        lat = o["gateway"]["seconds"]
+        p99 = ", ".join(
+            f"{lat[s]['p99']} / {lat[s]['max']}" if s in lat else "-" for s in ("200", "429", "503")
+        )
+        bodies = mark[v["error_bodies_json"]]
+        if v["gateway_answers_not_flow_control"]:
+            other = [f"{n} {k}" for k, n in o["gateway"]["answers"] if not k.startswith(FLOW_ANSWERS)]
+            bodies += f" ({'; '.join(other)})"
         env, pick = v["rss"]["envoy"], v["rss"]["picker"]
         cores = [s["cores"] for s in o["samples"]]
         cp = sum(c["picker"] for c in cores) / len(cores)
@@ -405,8 +465,8 @@ def markdown(result: dict[str, Any]) -> str:
         loads = [s["loadavg"][0] for s in o["samples"]]
         lines.append(
             f"| {row['load']:g}x | {o['rate']:.0f} | {o['answered']} ({o['statuses']}) | {v['lost']} "
-            f"| {v['late']} "
-            f"| {mark[v['error_bodies_json']]} | {p99} | {v['max_queued']:.0f} -> "
+            f"| {v['late']} ({v['late_as_the_client_saw']}) "
+            f"| {bodies} | {p99} | {v['max_queued']:.0f} -> "
             f"{row['fall']['samples'][-1]['flow']['queued']:.0f} "
             f"| {env['start_mb']:.1f} / {env['max_mb']:.1f} / {env['end_mb']:.1f} "
             f"| {pick['start_mb']:.1f} / {pick['max_mb']:.1f} / {pick['end_mb']:.1f} | {cp:.2f} / {ce:.2f} "
@@ -421,7 +481,10 @@ def markdown(result: dict[str, Any]) -> str:
             for row in result["loads"]
         ),
         "",
-        "Lost: no answer within 30 s, or the connection broke. RSS bounded: the least-squares rise over "
+        "Past its limit: answered later than its band's TTL plus "
+        f"{SLACK:g} s, as Envoy's access log times it (the client's own count in brackets: on a starved "
+        "machine it adds its own lag). Lost: no answer within 30 s, or the connection broke. "
+        "RSS bounded: the least-squares rise over "
         f"the load and its fall within {RSS_RISE:.0%} of the first sample plus {RSS_FLOOR_MB:g} MB "
         "(and no sample more than three times that above it). Every sample is in `soak-overload.json`.",
         "",
@@ -500,13 +563,15 @@ def main(argv: list[str] | None = None) -> int:
                         args.every,
                     )
                 )
-                verdict = judge(over, fall)
-                print(json.dumps({k: v for k, v in verdict.items() if k != "rss"}), flush=True)
-                rows.append({"load": load, "overload": over, "fall": fall, "verdict": verdict})
+                rows.append({"load": load, "overload": over, "fall": fall})
         finally:
             sampler.close()
             http.close()
         stack.check()
+    gateway_figures(run_dir / "envoy.log", [p for row in rows for p in (row["overload"], row["fall"])])
+    for row in rows:
+        row["verdict"] = judge(row["overload"], row["fall"])
+        print(json.dumps({k: v for k, v in row["verdict"].items() if k != "rss"}), flush=True)
     result: dict[str, Any] = {
         "percentile_rule": PERCENTILE_RULE,
         "started": started,
