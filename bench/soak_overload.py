@@ -55,6 +55,7 @@ from soak import (
     SERVICES,
     Sampler,
     Services,
+    _without_note,
     code_version,
     metric_values,
     trend,
@@ -575,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "percentile_rule": PERCENTILE_RULE,
         "started": started,
-        "command": " ".join(["bench/soak_overload.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["bench/soak_overload.py", *_without_note(argv if argv is not None else sys.argv[1:])]
+        ),
         "code": code,
         "note": args.note,
         "speedup": args.speedup,
