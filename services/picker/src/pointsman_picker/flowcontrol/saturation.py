@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pointsman_picker.scheduling.types import Pods
-from pointsman_shared.config import FlowControlConfig, SchedulingConfig
+from pointsman_shared.config import FlowControlConfig, SaturationDetectorConfig, SchedulingConfig
 from pointsman_shared.snapshot import PodSnapshot
 
 T = TypeVar("T")
+_UNSET = SaturationDetectorConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,18 +33,20 @@ class Thresholds:
     pod_requests: int | None = None  # running + waiting, on average over the pool's pods
 
     @classmethod
-    def of(cls, flow: FlowControlConfig, scheduling: SchedulingConfig, priority: int | None = None) -> Thresholds:
+    def of(
+        cls, flow: FlowControlConfig, scheduling: SchedulingConfig, priority: int | None = None
+    ) -> Thresholds:
         """The detector's thresholds for the band of ``priority`` (``None``: the pool-wide ones); each
         one the band leaves unset is the pool-wide detector's, and each one that leaves unset the
         scheduling profile's own."""
         pool = flow.saturation_detector
-        band = flow.band(priority).saturation_detector if priority is not None else None
-        depth = _first(band and band.queue_depth_threshold, pool.queue_depth_threshold)
-        kv = _first(band and band.kv_cache_util_threshold, pool.kv_cache_util_threshold)
+        band = (flow.band(priority).saturation_detector if priority is not None else None) or _UNSET
+        depth = _first(band.queue_depth_threshold, pool.queue_depth_threshold)
+        kv = _first(band.kv_cache_util_threshold, pool.kv_cache_util_threshold)
         return cls(
             depth if depth is not None else max(scheduling.queue_threshold_critical, 1),
             kv if kv is not None else scheduling.kv_cache_threshold,
-            _first(band and band.max_pod_requests, pool.max_pod_requests),
+            _first(band.max_pod_requests, pool.max_pod_requests),
         )
 
 
