@@ -132,6 +132,44 @@ def test_bands_then_flows_in_turn():
     assert h.dispatched()[-1] == "shed"
 
 
+# The sheddable band saturates at one waiting request per pod, the critical one at two (the pool's).
+SHEDDABLE_BAND = [{"priority": -1, "saturationDetector": {"queueDepthThreshold": 1}}]
+
+
+def test_a_band_with_its_own_thresholds_waits_while_a_higher_one_goes_on():
+    h = Harness(priorityBands=SHEDDABLE_BAND)
+    h.set_waiting(1, 1)
+    assert isinstance(h.send("shed", SHEDDABLE), Waiting)
+    assert isinstance(h.send("critical"), Routing)  # nothing of its band or higher waits; room for it
+    h.set_waiting(0, 1)
+    h.clock.now += 0.05
+    assert h.flow.pump() == 1
+    assert h.dispatched() == ["shed"]
+
+
+def test_a_request_the_profile_drops_is_dropped_at_once_not_held():
+    # The pool has room for the detector (100 per pod), but the #423 tree drops a sheddable request
+    # when every pod has more than 5 waiting.
+    h = Harness(priorityBands=[{"priority": -1, "saturationDetector": {"queueDepthThreshold": 100}}])
+    h.set_waiting(6, 6)
+    with pytest.raises(errors.NoCapacity) as raised:
+        h.send("shed", SHEDDABLE)
+    assert raised.value.status == 429
+    assert h.flow.waiting == 0
+
+
+def test_a_held_request_the_profile_drops_at_dispatch_is_answered_with_429():
+    h = Harness(priorityBands=[{"priority": -1, "saturationDetector": {"queueDepthThreshold": 100}}])
+    h.set_waiting(100, 100)
+    assert isinstance(h.send("shed", SHEDDABLE), Waiting)
+    h.set_waiting(6, 6)  # room for the detector, none for the profile
+    h.clock.now += 0.05
+    assert h.flow.pump() == 1
+    [answer] = h.answers["shed"]
+    assert isinstance(answer, errors.NoCapacity)
+    assert answer.status == 429
+
+
 @pytest.mark.parametrize(("body", "status"), [(SHEDDABLE, 429), (CRITICAL, 503)])
 def test_expiry(body, status):
     h = Harness(defaultRequestTTL="2s")
@@ -226,7 +264,7 @@ OPS = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(OPS)
 def test_no_request_is_lost_or_answered_twice(ops):
-    h = Harness(defaultRequestTTL="1s", maxRequests=5)
+    h = Harness(defaultRequestTTL="1s", maxRequests=5, priorityBands=SHEDDABLE_BAND)
     h.set_waiting(2, 2)
     sent: list[str] = []
     refused: set[str] = set()

@@ -125,3 +125,19 @@ def test_sizes_by_band_and_flow():
     q = queue()
     fill(q, ("a1", 0, "a"), ("a2", 0, "a"), ("b1", -1, "b"))
     assert sorted(q.sizes()) == [(-1, "b", 1, 10), (0, "a", 2, 20)]
+
+
+@pytest.mark.parametrize(
+    ("items", "priority", "expected"),
+    [
+        ([], 0, False),
+        ([("low", -1, "a")], 0, False),  # a critical request does not go behind sheddable ones
+        ([("low", -1, "a")], -1, True),
+        ([("mid", 0, "a")], -1, True),
+        ([("high", 5, "a")], 0, True),
+    ],
+)
+def test_ahead(items, priority, expected):
+    q = queue()
+    fill(q, *items)
+    assert q.ahead(priority) is expected

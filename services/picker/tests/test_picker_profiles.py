@@ -11,7 +11,9 @@ import pytest
 import yaml
 from picker_builders import Steps, pod, run_profile, tree_profile
 
-from pointsman_picker.scheduling import Drop, SchedulingRequest
+from pointsman_picker.scheduling import CycleState, Drop, SchedulingRequest
+from pointsman_picker.scheduling.assignments import POSITIONS
+from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.pickers import MaxScorePicker
 from pointsman_picker.scheduling.profiles import Profile, build_profile
 from pointsman_picker.scheduling.registry import PluginError
@@ -80,6 +82,29 @@ def test_the_scorer_profile_prefers_the_adapter_and_the_short_queue(doc, profile
         pod(10, 0.9, 1, {"y"}, address="busy"),  # 0 + 0.1 + 0
     )
     assert run_profile(built, REQUESTS[0], pods, random.Random(0)).address == "adapter"
+
+
+# A sheddable request for adapter "x" through best's sheddable branch: among the pods with capacity
+# (at most 5 waiting, KV cache at most 0.8), those with its adapter or a free slot; dropped when there
+# are none (a pod whose slots other adapters hold would make it, and the Critical ones behind it, wait).
+SHEDDABLE = [
+    ((pod(0, 0.1, 2, {"y", "z"}, address="idle-full"), pod(3, 0.1, 2, {"x"}, address="adapter")), "adapter"),
+    ((pod(0, 0.1, 2, {"y", "z"}, address="idle-full"), pod(3, 0.1, 2, {"y"}, address="slot")), "slot"),
+    ((pod(0, 0.1, 2, {"y", "z"}, address="idle-full"), pod(9, 0.1, 2, {"x"}, address="queued")), "dropped"),
+    ((pod(6, 0.1, 2, {"x"}, address="a"), pod(0, 0.9, 2, {"x"}, address="b")), "dropped"),
+]
+
+
+@pytest.mark.parametrize("name", ["best.yaml", "best-prefix.yaml"])
+@pytest.mark.parametrize(("pods", "chosen"), SHEDDABLE)
+def test_best_sends_sheddable_requests_where_their_adapter_is_or_drops_them(name, pods, chosen):
+    profile = build_profile(parse_config(shipped(name)))
+    request = SchedulingRequest("x", False, {"model": "x", "prompt": "hello"})
+    for seed in range(20):
+        state = CycleState()
+        state[POSITIONS] = {p.address: i for i, p in enumerate(pods)}
+        prepared = profile.lifecycle.prepare(request, indexed(pods), state, 0.0)
+        assert outcome(profile.schedule(request, prepared, state, random.Random(seed))) == chosen
 
 
 def test_scores_are_clamped_and_weighted():

@@ -369,6 +369,23 @@ class PickerConfig(_Model):
     http2: dict[str, Any] = Field(default_factory=dict)
 
 
+class SaturationDetectorConfig(_Model):
+    """``flowControl.saturationDetector``: when a pod can take more (upstream's names). A pod is
+    saturated when its waiting requests (with this picker's and the peers' assignments a scrape has
+    not shown yet) reach ``queueDepthThreshold`` or its KV cache ``kvCacheUtilThreshold``; the pool
+    is saturated when every candidate pod is, or when its pods carry ``maxPodRequests`` running and
+    waiting requests on average. The first two unset: the scheduling thresholds
+    (``queueThresholdCritical``, ``kvCacheThreshold``)."""
+
+    queue_depth_threshold: int | None = Field(default=None, ge=1)
+    kv_cache_util_threshold: float | None = Field(default=None, gt=0, le=1)
+    # Pointsman's: the pool is saturated, too, when its pods' running plus waiting requests (the
+    # unseen assignments counted) reach this on average; the measure of load for a mix where requests
+    # wait for a LoRA slot (waiting alone then says little). Null: not used. Measure it for the mix
+    # (docs/flow-control.md).
+    max_pod_requests: int | None = Field(default=None, ge=1)
+
+
 class PriorityBand(_Model):
     """``flowControl.priorityBands[]``: one band's bounds and queue time limit (upstream's
     PriorityBandConfig). Requests whose objective has this priority wait in it."""
@@ -379,22 +396,9 @@ class PriorityBand(_Model):
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
     # How long a request may wait in this band; then 429 (sheddable) or 503 (the rest).
     request_ttl: PositiveSeconds | None = Field(default=None, alias="requestTTL")
-
-
-class SaturationDetectorConfig(_Model):
-    """``flowControl.saturationDetector``: when a pod can take more (upstream's names). A pod is
-    saturated when its waiting requests (with this picker's and the peers' assignments a scrape has
-    not shown yet) reach ``queueDepthThreshold``, its KV cache ``kvCacheUtilThreshold``, or its
-    running and waiting requests ``maxPodRequests``; the pool is saturated when every candidate pod
-    is. The first two unset: the scheduling thresholds (``queueThresholdCritical``,
-    ``kvCacheThreshold``)."""
-
-    queue_depth_threshold: int | None = Field(default=None, ge=1)
-    kv_cache_util_threshold: float | None = Field(default=None, gt=0, le=1)
-    # Pointsman's: a pod is saturated, too, when its running plus waiting requests (the unseen
-    # assignments counted) reach this; the measure of work for a mix where requests wait for a LoRA
-    # slot (waiting alone then says little). Null: not used. Measure it for the mix (docs/flow-control.md).
-    max_pod_requests: int | None = Field(default=None, ge=1)
+    # Pointsman's: this band's own thresholds (each one unset: flowControl.saturationDetector's), so
+    # that Critical traffic goes on to the pods while Sheddable traffic waits (docs/flow-control.md).
+    saturation_detector: SaturationDetectorConfig | None = None
 
 
 class FlowControlConfig(_Model):

@@ -1,12 +1,14 @@
 """The flow controller: the director's steps with a wait between resolve and schedule.
 
-A request is placed at once while nothing waits and the pool has room (scheduled among the pods with
-room); otherwise, or when the profile's terminal branch would drop it, it waits in the
-:class:`~.queue.FlowQueue` and its stream gets a :class:`Waiting` instead of a routing. :meth:`pump`
-(called by the asyncio edge when a snapshot arrives, a request ends, or a deadline comes) answers the
-expired, then dispatches from the head while the pool has room, each one scheduled afresh on the
-newest snapshot. Every waiting request is answered exactly once: dispatched, refused, expired or
-evicted by :meth:`drain`; or it is cancelled (its client went away) and never answered.
+A request is scheduled at once (by the profile, among all its candidates) while nothing of its band
+or a higher one waits and the pool is not saturated; otherwise it waits in the
+:class:`~.queue.FlowQueue` and its stream gets a :class:`Waiting` instead of a routing. The profile
+keeps its own say: a request its terminal branch drops is dropped (429), now or at dispatch, as
+without flow control. :meth:`pump` (called by the asyncio edge when a snapshot arrives, a request
+ends, or a deadline comes) answers the expired, then dispatches from the head while the pool is not
+saturated, each one scheduled afresh on the newest snapshot. Every waiting request is answered
+exactly once: dispatched, dropped, refused, expired or evicted by :meth:`drain`; or it is cancelled
+(its client went away) and never answered.
 
 Pure: the clock comes in as an argument, the peers' counts through a callable.
 """
@@ -20,10 +22,9 @@ from pointsman_picker import errors
 from pointsman_picker.context import RequestContext, Resolved
 from pointsman_picker.director import Candidates, Director
 from pointsman_picker.flowcontrol.queue import Bounds, Entry, FlowQueue, Full
-from pointsman_picker.flowcontrol.saturation import Thresholds, room, saturation
+from pointsman_picker.flowcontrol.saturation import Thresholds, saturated, saturation
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.assignments import RecentAssignments
-from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.types import Pods
 from pointsman_shared.config import FlowControlConfig, PointsmanConfig, PriorityBand
 
@@ -98,6 +99,9 @@ class FlowController:
         flow = config.flow_control
         self._config: FlowControlConfig = flow
         self._thresholds = Thresholds.of(flow, config.scheduling)
+        self._band_thresholds = {
+            b.priority: Thresholds.of(flow, config.scheduling, b.priority) for b in flow.priority_bands
+        }
         self._fairness_header = flow.fairness_header.lower()
         bands = {b.priority: Bounds(b.max_requests, b.max_bytes) for b in flow.priority_bands}
         default = PriorityBand(priority=0)  # the bounds of a priority no band names
@@ -142,16 +146,12 @@ class FlowController:
         candidates = director.candidates(resolved)
         if self._closed or candidates.fallback is not None:
             return self._placed(director.place(resolved, candidates))
-        if self._queue:
+        if self._queue.ahead(resolved.priority):
             reason = f"{len(self._queue)} waiting before it"
-        elif (roomy := self._with_room(candidates)) is None:
+        elif self._saturated(candidates, resolved.priority):
             reason = "pool saturated"
         else:
-            try:
-                return self._placed(director.place(resolved, roomy))
-            except errors.NoCapacity:
-                # the profile's terminal branch dropped it: under flow control it waits instead
-                reason = "the profile would drop it"
+            return self._placed(director.place(resolved, candidates))  # NoCapacity: dropped, as without
         now = candidates.now
         flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
         priority = resolved.priority
@@ -190,14 +190,11 @@ class FlowController:
                 answered += 1
                 self._answer(entry, exc, REJECTED_OTHER, now)
                 continue
-            roomy = candidates if candidates.fallback is not None else self._with_room(candidates)
-            if roomy is None:
+            if candidates.fallback is None and self._saturated(candidates, entry.priority):
                 break
             try:
-                routing: Routing | errors.PickerError = self._placed(director.place(resolved, roomy))
-            except errors.NoCapacity:
-                break  # the profile would drop it now: it keeps its place (until its time limit)
-            except errors.PickerError as exc:
+                routing: Routing | errors.PickerError = self._placed(director.place(resolved, candidates))
+            except errors.PickerError as exc:  # NoCapacity among them: the profile drops it now
                 routing = exc
             queue.pop()
             answered += 1
@@ -254,24 +251,10 @@ class FlowController:
     def _peer_counts(self) -> Mapping[str, int]:
         return self._peers() if self._peers is not None else {}
 
-    def _with_room(self, candidates: Candidates) -> Candidates | None:
-        """``candidates`` cut to the pods with room (the request is scheduled among those: a pod past
-        its thresholds gets nothing more however well it scores); ``None`` when the pool is saturated.
-
-        The profile's own recent assignments forget the pods left out for that request; this
-        controller's count (what saturation reads) keeps them."""
-        loaded = self._loaded(candidates)
-        thresholds, peers = self._thresholds, self._peer_counts()
-        keep = [i for i, pod in enumerate(loaded) if room(pod, thresholds, peers.get(pod.address, 0))]
-        if len(keep) == len(loaded):
-            return candidates
-        if not keep:
-            return None
-        pods = candidates.pods
-        chosen = tuple(pods[i] for i in keep)
-        return candidates._replace(
-            pods=indexed(chosen), positions={pod.address: i for i, pod in enumerate(chosen)}
-        )
+    def _saturated(self, candidates: Candidates, priority: int) -> bool:
+        """Whether the pool is saturated for a request of ``priority`` (its band's thresholds)."""
+        thresholds = self._band_thresholds.get(priority, self._thresholds)
+        return saturated(self._loaded(candidates), thresholds, self._peer_counts())
 
     def _expire(self, entry: Entry[Waiting], now: float) -> None:
         resolved = entry.item.resolved

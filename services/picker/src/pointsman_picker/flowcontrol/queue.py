@@ -103,6 +103,10 @@ class FlowQueue(Generic[T]):
         self.bytes += size
         return entry
 
+    def ahead(self, priority: int) -> bool:
+        """Whether a request of ``priority`` or higher waits (a new one of ``priority`` goes behind it)."""
+        return bool(self._order) and self._order[0] >= priority
+
     def head(self) -> Entry[T] | None:
         """The entry to dispatch next (not removed)."""
         for priority in self._order:
