@@ -93,7 +93,7 @@ class PrefixIndex:
         stale = now - fresh
         times = list(map(lru.get, hashes))
         try:
-            held = min(times, default=stale) > stale  # type: ignore[type-var]  # a None raises
+            held = min(times, default=stale) > stale  # type: ignore[type-var,operator]  # a None raises
         except TypeError:  # a block the pod does not hold
             held = False
         if held:
