@@ -84,7 +84,7 @@ from pointsman_quality import live_report
 from pointsman_quality.agreement import AGREEMENT_METRICS, COMPARED_METRICS, TOLERANCE, agreement
 from pointsman_quality.contenders import BASELINES, POINTSMAN, SHARED, Contender, contenders, replicas
 from pointsman_quality.live_fleet import live_scenario, sim_args
-from pointsman_quality.live_stats import RequestResult, live_stats, send_lag
+from pointsman_quality.live_stats import RequestResult, live_stats, prefix_cache_totals, send_lag
 from pointsman_quality.perf_config import azure_trace, lora_traffic_split, perf_config
 from pointsman_quality.perf_results import as_sent, perf_results
 from pointsman_quality.runs import RunStats
@@ -330,28 +330,15 @@ class Meter:
 
 
 # -- prefix caching -------------------------------------------------------------------------------
-PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
-
-
 def prefix_counters(pods: Sequence[str]) -> tuple[float, float] | None:
     """Every pod's prefix-cache queries and hits (tokens) summed; None when a pod does not answer or
     does not export them."""
-    totals = dict.fromkeys(PREFIX_COUNTERS, 0.0)
-    seen: set[str] = set()
     with httpx.Client(timeout=5.0, trust_env=False) as client:
-        for pod in pods:
-            try:
-                text = client.get(f"http://{pod}/metrics").text
-            except httpx.HTTPError:
-                return None
-            for line in text.splitlines():
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name in totals:
-                    totals[name] += float(line.rsplit(" ", 1)[1])
-                    seen.add(name)
-    if len(seen) < len(PREFIX_COUNTERS):
-        return None
-    return totals[PREFIX_COUNTERS[0]], totals[PREFIX_COUNTERS[1]]
+        try:
+            pages = [client.get(f"http://{pod}/metrics").text for pod in pods]
+        except httpx.HTTPError:
+            return None
+    return prefix_cache_totals(pages)
 
 
 class PrefixWindow:
