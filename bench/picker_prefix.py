@@ -121,7 +121,7 @@ def measured(bench: Bench, port: int, payloads: Sequence[bytes], meter: Meter) -
     return result | usage.report(result["requests"]) | {"calibration_ms": calibration}
 
 
-def prefix_runs(bench: Bench, stack: Pickers, server: str, rounds: int = 2) -> dict[str, Any]:
+def prefix_runs(bench: Bench, stack: Pickers, server: str, rounds: int = 3) -> dict[str, Any]:
     """Every profile in every setup, ``rounds`` times in turn; ``detail.prefix`` of picker.json."""
     payloads = bodies()
     chosen = profiles()
@@ -155,6 +155,8 @@ def prefix_runs(bench: Bench, stack: Pickers, server: str, rounds: int = 2) -> d
                 "cpu_us_per_decision": upper_median([r["cpu_us_per_request"]["picker"] for r in rs]),
                 "max_decisions_per_s": upper_median([float(r["per_s"]) for r in rs]),
                 "closed_loop_p50_ms": upper_median([r["p50_ms"] for r in rs if r["p50_ms"] is not None]),
+                "calibration_ms": upper_median([r["calibration_ms"] for r in rs]),
+                "rest_of_machine_cores": upper_median([r["cores"]["rest_of_machine"] for r in rs]),
             }
             for setup, rs in setups.items()
         }
