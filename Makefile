@@ -87,9 +87,14 @@ bench: install ## only the in-process cost of one decision: schedule, director, 
 	$(BIN)/python bench/decision_cost.py
 
 .PHONY: soak
-SOAK_MINUTES ?= 10
-soak: install ## not in CI: SOAK_MINUTES (10) at 80% of one picker's capacity through Envoy; RSS, tasks, streams, connections, errors (bench/results/soak.*)
-	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+SOAK_MODE ?= steady
+SOAK_LOAD ?= 1.5,3
+soak: install ## not in CI: SOAK_MINUTES (10) at 80% of one picker's capacity through Envoy; RSS, tasks, streams, connections, errors (bench/results/soak.*). SOAK_MODE=overload: flow control on, SOAK_LOAD (1.5,3) times the slowed pods' capacity, SOAK_MINUTES (2) each (bench/results/soak-overload.*)
+ifeq ($(SOAK_MODE),overload)
+	$(BIN)/python bench/soak_overload.py --loads $(SOAK_LOAD) --minutes $(or $(SOAK_MINUTES),2) $(SOAK_ARGS)
+else
+	$(BIN)/python bench/soak.py --minutes $(or $(SOAK_MINUTES),10) $(SOAK_ARGS)
+endif
 
 bench-collector: install ## the collector's CPU, scrapes/s and metric age at 200 pods (bench/results/collector.json)
 	$(BIN)/python bench/collector.py

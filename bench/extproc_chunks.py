@@ -72,7 +72,7 @@ def _headers(pairs: dict[str, str], *, end_of_stream: bool = False) -> pb.HttpHe
 
 
 def messages(chunks: int) -> list[bytes]:
-    """The ProcessingRequests of one exchange in the shipped mode, serialized."""
+    """The ProcessingRequests of one exchange in the shipped mode, serialized as Envoy sends them."""
     config = pb.ProtocolConfiguration(request_body_mode=_MODE.BUFFERED, response_body_mode=_MODE.STREAMED)
     request_headers = {":method": "POST", ":path": "/v1/completions", "content-type": "application/json"}
     out = [
@@ -83,6 +83,9 @@ def messages(chunks: int) -> list[bytes]:
         ),
     ]
     out += [pb.ProcessingRequest(response_body=pb.HttpBody(body=EVENT)) for _ in range(chunks)]
+    for message in out:
+        # Envoy 1.40 sends an (empty) metadata_context with every message.
+        message.metadata_context.SetInParent()
     return [m.SerializeToString() for m in out]
 
 

@@ -8,6 +8,12 @@ against what it gets alone (its requests only, the same contender), and what was
 The targets of issue #20 are checked and printed; the numbers go to bench/results/overload.json.
 
     .venv/bin/python bench/overload.py [--levels 0.5,0.9,1.2,1.5] [--duration 30] [--capacity 480]
+
+``--pickers 2``: two pickers with flow control, each request sent to one at random (their prefix
+indexes shared), without and with their dispatches shared (``TwoPickers(share_dispatches=...)``, the
+in-process stand-in for :mod:`pointsman_picker.peer_sync`), one picker beside them; besides the
+figures above, how far the pods went past the detector's ``maxPodRequests`` (running + waiting, per
+pod and snapshot round). The numbers go to bench/results/overload-2-pickers.json.
 """
 
 from __future__ import annotations
@@ -24,16 +30,18 @@ from typing import Any
 import yaml
 
 from pointsman_quality.contenders import merged, models_for
-from pointsman_quality.picker_path import DirectorRouter
+from pointsman_quality.picker_path import DirectorRouter, TwoPickers
 from pointsman_quality.scenario import engine_configs, load_scenario
 from pointsman_quality.workload import build_trace
 from pointsman_shared.config import PointsmanConfig, parse_config
+from pointsman_shared.snapshot import PodSnapshot
 from pointsman_shared.stats import percentile
 from pointsman_sim.fleet import FleetResult, TraceRequest, run_fleet
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "bench/overload.yaml"
 RESULTS = REPO / "bench/results/overload.json"
+RESULTS_2 = REPO / "bench/results/overload-2-pickers.json"
 LOUD, QUIET = "loud", "quiet"
 OBJECTIVES = [{"name": "critical", "priority": 0}, {"name": "sheddable", "priority": -1}]
 SLO_TTFT = 2.0  # the capacity criterion's
@@ -63,15 +71,50 @@ def configs(scenario: Any, flow: dict[str, Any]) -> dict[str, PointsmanConfig]:
     }
 
 
-def run(config: PointsmanConfig, scenario: Any, engines: list[Any], trace: list[TraceRequest]) -> FleetResult:
-    router = DirectorRouter(config, scenario.traffic.base_model, random.Random(f"{scenario.seed}:router"))
+def run(
+    config: PointsmanConfig,
+    scenario: Any,
+    engines: list[Any],
+    trace: list[TraceRequest],
+    *,
+    pickers: int = 1,
+    share_dispatches: bool = False,
+    rounds: list[Sequence[PodSnapshot]] | None = None,
+) -> FleetResult:
+    """One run; ``rounds`` collects the pods of every snapshot round the router saw."""
+    rng = random.Random(f"{scenario.seed}:router")
+    base = scenario.traffic.base_model
+    router: DirectorRouter | TwoPickers = (
+        DirectorRouter(config, base, rng)
+        if pickers == 1
+        else TwoPickers(config, base, rng, shared=True, share_dispatches=share_dispatches)
+    )
+
+    def dispatch(now: float, pods: Sequence[PodSnapshot]) -> Any:
+        if rounds is not None and (not rounds or rounds[-1] is not pods):
+            rounds.append(pods)
+        return router.dispatch(now, pods)
+
     return run_fleet(
         engines,
         trace,
         router,
         on_finish=lambda index, served: router.finished(trace[index]),
-        dispatch=router.dispatch,
+        dispatch=dispatch,
     )
+
+
+def past_threshold(rounds: list[Sequence[PodSnapshot]], limit: int) -> dict[str, float]:
+    """How far the pods went past ``limit`` running + waiting requests, over the snapshot rounds."""
+    excess = [max(p.running + p.waiting - limit, 0) for pods in rounds for p in pods]
+    over = [e for e in excess if e]
+    return {
+        "pod_rounds": len(excess),
+        "pod_rounds_past_limit_share": len(over) / len(excess) if excess else 0.0,
+        "excess_mean": sum(excess) / len(excess) if excess else 0.0,
+        "excess_max": max(excess, default=0),
+        "excess_p99": percentile(sorted(excess), 0.99) if excess else 0.0,
+    }
 
 
 def figures(
@@ -115,8 +158,13 @@ def main() -> None:
     parser.add_argument("--levels", default="0.5,0.9,1.2,1.5")
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--capacity", type=float, default=None, help="req/s (default: the scenario's)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--pickers", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.pickers == 2:
+        two_pickers(args)
+        return
+    args.out = args.out or RESULTS
     doc = yaml.safe_load(SCENARIO.read_text(encoding="utf-8"))
     scenario = load_scenario(SCENARIO.parent / doc["base"])
     variant = next(v for v in scenario.variants if v.name == doc["variant"])
@@ -148,6 +196,40 @@ def main() -> None:
     for line in out["targets"]:
         print(line)
     args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+
+
+def two_pickers(args: argparse.Namespace) -> None:
+    """One picker with flow control, and two without and with their dispatches shared."""
+    doc = yaml.safe_load(SCENARIO.read_text(encoding="utf-8"))
+    scenario = load_scenario(SCENARIO.parent / doc["base"])
+    variant = next(v for v in scenario.variants if v.name == doc["variant"])
+    engines = engine_configs(scenario, variant)
+    capacity = args.capacity or float(doc["capacity"])
+    duration = args.duration or float(doc["duration"])
+    config = configs(scenario, doc["flowControl"])["pointsman-best-flow"]
+    limit = doc["flowControl"]["saturationDetector"]["maxPodRequests"]
+    contenders = {
+        "pointsman-best-flow": (1, False),
+        "pointsman-best-flow-2-pickers": (2, False),
+        "pointsman-best-flow-2-pickers-shared": (2, True),
+    }
+    out: dict[str, Any] = {"scenario": doc, "capacity_rps": capacity, "duration_s": duration, "levels": {}}
+    for level in (float(x) for x in args.levels.split(",")):
+        trace = labelled(build_trace(scenario, capacity * level, duration), f"{scenario.seed}:{level}:labels")
+        row: dict[str, Any] = {}
+        for name, (pickers, share) in contenders.items():
+            started = time.perf_counter()
+            rounds: list[Sequence[PodSnapshot]] = []
+            result = run(
+                config, scenario, engines, trace, pickers=pickers, share_dispatches=share, rounds=rounds
+            )
+            numbers = figures(trace, result, duration, capacity)
+            numbers |= past_threshold(rounds, limit)
+            numbers["wall_s"] = round(time.perf_counter() - started, 1)
+            row[name] = numbers
+            print(f"{level:.2f}x {name}: {json.dumps(numbers)}", flush=True)
+        out["levels"][f"{level:g}"] = row
+    (args.out or RESULTS_2).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
 
 
 def targets(levels: dict[str, dict[str, dict[str, Any]]]) -> list[str]:

@@ -1051,6 +1051,13 @@ def _cell(value: Any, unit: str = "") -> str:
     return text + unit
 
 
+def _load_text(load: dict[str, list[float]] | None) -> str:
+    if not load:
+        return ""
+    start, end = (" / ".join(f"{x:g}" for x in load[k]) for k in ("start", "end"))
+    return f", load average (1 / 5 / 15 min) {start} at the start, {end} at the end"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """bench/results/picker.md: the tables docs/picker.md points at, written by the run itself."""
     detail = result["detail"]
@@ -1059,8 +1066,9 @@ def markdown(result: dict[str, Any]) -> str:
         "# `make bench-picker`: the latest run",
         "",
         f"Written by `bench/picker.py` ({result['bench_seconds']} s, {result['seconds_per_run']} s per run, "
-        f"{result['machine']['cpus']} CPUs, Python {result['machine']['python']}); every figure is in "
-        "`picker.json`. Headline: the shipped mode ("
+        f"{result['machine']['cpus']} CPUs, Python {result['machine']['python']}"
+        + _load_text(result["machine"].get("load_average"))
+        + "); every figure is in `picker.json`. Headline: the shipped mode ("
         + SHIPPED.what
         + f"), `picker.server: {result['server']}`.",
         "",
@@ -1199,6 +1207,7 @@ def main() -> int:
         servers = [label for server in servers for label in (server, f"{server}@before")]
 
     began = time.perf_counter()
+    load_at_start = [round(x, 2) for x in os.getloadavg()]  # the machine's load is the figures' context
     schedule = bench_schedule()
     director = bench_director()
     run_dir = Path(tempfile.mkdtemp(prefix="bench-picker-"))
@@ -1298,6 +1307,7 @@ def main() -> int:
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
+            "load_average": {"start": load_at_start, "end": [round(x, 2) for x in os.getloadavg()]},
         },
         "seconds_per_run": args.seconds,
         "bench_seconds": round(time.perf_counter() - began),

@@ -4,6 +4,7 @@ metric names they export (for the dashboards) and their answers to the images' h
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +12,17 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy_kit import REPO, make_picker_tls
+from prometheus_client import CollectorRegistry, generate_latest
 
 from pointsman_devstack.stack import SimOptions, Stack, StackOptions, StackPorts
-from pointsman_shared.config import THRESHOLD_ENV, load_config
+from pointsman_picker.context import RequestContext
+from pointsman_picker.director import Director
+from pointsman_picker.flowcontrol.controller import FlowController, Waiting
+from pointsman_picker.flowmetrics import FlowCollector, FlowControlMetrics
+from pointsman_picker.interfaces import NoMetrics
+from pointsman_picker.snapshots import StaticSnapshotSource
+from pointsman_shared.config import THRESHOLD_ENV, load_config, parse_config
+from pointsman_testkit import NOW, pod, snapshot
 
 CONFIG = REPO / "config/local.yaml"
 # One request per outcome the dashboards chart: routed (critical and sheddable) and a model no config entry
@@ -67,7 +76,30 @@ def exported_metrics(stack: Stack) -> frozenset[str]:
             again = read()
             unchanged = unchanged + 1 if again == names else 0
             names = again
-    return names
+    return names | flow_control_names()
+
+
+def flow_control_names() -> frozenset[str]:
+    """The series a picker exports with flow control on (the stack above runs without it): a real
+    controller's metrics while one request waits, and after it was dispatched."""
+    clock = [NOW]
+    config = parse_config({"pool": {"name": "p"}, "flowControl": {"enabled": True}})
+    source = StaticSnapshotSource(snapshot(pod(100, updated_at=NOW)))
+    director = Director(
+        config, source, NoMetrics(), rng=random.Random(0), clock=lambda: clock[0], timer=time.perf_counter
+    )
+    registry = CollectorRegistry()
+    metrics = FlowControlMetrics(registry)
+    controller = FlowController(director, config, clock=lambda: clock[0], metrics=metrics)
+    registry.register(FlowCollector(controller, metrics.flows, "p"))
+    waiting = controller.route(RequestContext("r", b'{"model": "m", "prompt": "hi"}', {}, None))
+    assert isinstance(waiting, Waiting)
+    waiting.answer = lambda answer: None
+    names = exposed_names(generate_latest(registry).decode())  # the queue's gauges
+    clock[0] += 0.1
+    source.set(snapshot(pod(0, updated_at=clock[0]), version=2))
+    assert controller.pump() == 1
+    return frozenset(names | exposed_names(generate_latest(registry).decode()))
 
 
 def exposed_names(page: str) -> set[str]:

@@ -5,8 +5,9 @@ of docker-compose's config while every kind of request goes through the gateway:
 stream with usage, rewritten and sheddable models, a 400, a pod's 404, a 429 shed and a 503 with no
 fresh snapshot. Then each query of each panel of our four dashboards (deploy/grafana/dashboards) and of
 upstream's (tests/deploy/data/upstream-dashboards, GIE v1.5.0) runs through ``/api/v1/query`` with
-Grafana's variables filled in, and must return a number. The upstream panels Pointsman cannot feed are
-listed in NOT_FED with the reason, and must stay empty (else the list is out of date).
+Grafana's variables filled in, and must return a number. The panels this stack cannot feed (upstream's
+BBR; flow control, off here) are listed in NOT_FED with the reason, and upstream's must stay empty (else
+the list is out of date).
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ _BBR = (
     "model into a header; Pointsman's picker reads the body itself, so no bbr_* series exist"
 )
 _FLOW_CONTROL = (
-    "upstream's flow-control layer queues requests inside the EPP by priority and fairness; Pointsman "
-    "queues nothing (a sheddable request past the thresholds gets 429 at once), so no "
-    "inference_extension_flow_control_* series exist"
+    "flow control (the inference_extension_flow_control_* series) is off in this stack, as by default; "
+    "tests/deploy/conftest.py checks the names a picker with it on exports"
 )
 # (dashboard file, panel title): why Pointsman cannot feed it.
 NOT_FED = {
@@ -76,6 +76,15 @@ NOT_FED = {
             "Wait Time (P99)",
             "Internal Processing Latency (P99)",
             "Fairness Sharing Rate",
+        )
+    },
+    **{
+        ("pointsman-picker.json", title): _FLOW_CONTROL
+        for title in (
+            "Flow control: queue size by priority and fairness id",
+            "Flow control: queue duration (p50, p99) by priority",
+            "Flow control: outcomes / s",
+            "Flow control: pool saturation",
         )
     },
 }

@@ -312,6 +312,11 @@ async def test_the_picker_user_can_read_the_snapshot_and_subscribe_and_nothing_e
         entry = await picker.xadd(KEYS.prefix_index, {"o": "p", "t": "1.0"}, maxlen=10, approximate=True)
         assert [e[0] for e in await picker.xrange(KEYS.prefix_index, min="-", max="+")] == [entry]
         assert await picker.xtrim(KEYS.prefix_index, minid="0-1", approximate=True) == 0
+        # flow control's shared dispatches: a hash of one field per picker
+        assert await picker.hset(KEYS.dispatches, "p", b"{}") == 1
+        assert await picker.pexpire(KEYS.dispatches, 30_000)
+        assert await picker.hgetall(KEYS.dispatches) == {b"p": b"{}"}
+        assert await picker.hdel(KEYS.dispatches, "p") == 1
         for command in [
             ("HSET", KEYS.snapshot, "version", "2"),
             ("DEL", KEYS.snapshot),
@@ -322,6 +327,10 @@ async def test_the_picker_user_can_read_the_snapshot_and_subscribe_and_nothing_e
             ("SCRIPT", "LOAD", "return 1"),
             ("HGETALL", KEYS.snapshot),
             ("HMGET", KEYS.shards, "x"),
+            ("HSET", KEYS.cluster, "stamp", "x"),
+            ("HDEL", KEYS.snapshot, "data"),
+            ("DEL", KEYS.dispatches),
+            ("HMGET", KEYS.dispatches, "p"),
             ("HMGET", "other", "x"),
             ("XADD", "other", "*", "f", "1"),
             ("XRANGE", KEYS.shards, "-", "+"),

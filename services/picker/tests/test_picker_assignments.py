@@ -55,6 +55,14 @@ def test_a_later_scrape_drops_what_it_has_seen():
     assert recent.pending() == {"a": 1}
 
 
+def test_an_assignment_at_the_scrape_instant_is_not_in_it():
+    """In virtual time a held request is dispatched at the very instant of the snapshot round: the
+    scrape was taken before it, so it still counts."""
+    recent = Recent()
+    recent.add("a", NOW)
+    assert [p.waiting for p in recent.adjust(ONE, index(ONE), not_before=0)] == [1]
+
+
 def test_pods_gone_from_the_pool_are_forgotten():
     recent = Recent()
     recent.add("gone", NOW + 1)
@@ -112,7 +120,7 @@ def test_adjusting_from_the_last_result_matches_counting_afresh(seed):
             horizon = max(horizon, now - rng.choice([1, 3]))
         adjusted = recent.adjust(pods, index(pods), not_before=horizon)
         seen = {p.address: max(p.updated_at, horizon) for p in pods}
-        live = [(a, at) for a, at in live if a in seen and at > seen[a]]
+        live = [(a, at) for a, at in live if a in seen and at >= seen[a]]
         assert [p.waiting for p in adjusted] == [
             p.waiting + sum(1 for a, _ in live if a == p.address) for p in pods
         ]

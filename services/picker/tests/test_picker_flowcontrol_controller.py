@@ -51,9 +51,10 @@ class Harness:
         self.order: list[str] = []  # held requests, as they were answered
 
     def set_waiting(self, *waiting: int) -> None:
-        """A new snapshot, scraped now: the pods' own counts (assignments until now are seen); the clock
-        moves on a millisecond, so the next assignments are not."""
+        """A new snapshot, scraped a millisecond from now: the pods' own counts (assignments until now
+        are seen); the clock moves on another, so the next assignments are not."""
         self.version += 1
+        self.clock.now += 0.001
         now = self.clock.now
         self.clock.now += 0.001
         pods = [pod(w, address=a, updated_at=now) for w, a in zip(waiting, PODS, strict=True)]
@@ -180,17 +181,34 @@ def test_drain_answers_every_waiting_request_then_places_at_once():
     assert isinstance(h.send("late"), Routing)  # stopping: nothing waits any more
 
 
-def test_the_explanation_says_how_long_it_waited():
-    h = Harness()
+def test_the_explanation_says_how_long_it_waited_and_why():
+    h = Harness(priorityBands=[{"priority": 0}, {"priority": -1, "requestTTL": "1s"}])
     h.set_waiting(2, 2)
-    waiting = h.flow.route(ctx(CRITICAL, explain=True, request_id="x"))
-    assert isinstance(waiting, Waiting)
+    first = h.flow.route(ctx(CRITICAL, explain=True, request_id="x"))
+    second = h.flow.route(
+        ctx(CRITICAL, explain=True, request_id="y", headers={"x-gateway-inference-fairness-id": "t"})
+    )
+    shed = h.flow.route(ctx(SHEDDABLE, explain=True, request_id="z"))
+    assert isinstance(first, Waiting)
+    assert isinstance(second, Waiting)
+    assert isinstance(shed, Waiting)
     got: list[Any] = []
-    waiting.answer = got.append
+    first.answer = second.answer = shed.answer = got.append
     h.clock.now += 0.25
-    h.set_waiting(0, 0)
+    h.set_waiting(1, 1)  # room for two
     h.flow.pump()
-    assert got[0].explain.startswith("waited 0.251s in flow control (priority 0, flow default-flow)")
+    assert [r.explain.split(";")[0] for r in got[:2]] == [
+        "waited 0.252s in flow control (priority 0, flow default-flow): pool saturated",
+        "waited 0.252s in flow control (priority 0, flow t): 1 waiting before it",
+    ]
+    assert all(isinstance(r, Routing) for r in got[:2])
+    h.clock.now += 1.0  # the sheddable one, behind a full pool, expires
+    h.flow.pump()
+    assert isinstance(got[2], errors.ShedExpired)
+    assert (
+        got[2].explain
+        == "waited 1.252s in flow control (priority -1, flow default-flow): 2 waiting before it"
+    )
 
 
 OPS = st.lists(

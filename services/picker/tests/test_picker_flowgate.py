@@ -103,7 +103,7 @@ async def test_requests_wait_by_flow_and_are_served_in_turn(picker):
     assert app.flow.controller.waiting == 2
     # One more slot, scraped after that assignment: the flows take turns, so the quiet one goes next.
     clock[0] = LATER + 0.5
-    scraped = snapshot(*pool_pods(pod(5, updated_at=LATER), pod(4, updated_at=LATER)), version=3)
+    scraped = snapshot(*pool_pods(pod(5, updated_at=LATER + 0.1), pod(4, updated_at=LATER + 0.1)), version=3)
     source.set(scraped)
     await asyncio.wait_for(calls[2].read(), 5)
     assert app.flow.controller.waiting == 1

@@ -50,3 +50,9 @@ class RedisKeys:
     def prefix_index(self) -> str:
         """Stream: the pickers' prefix-cache announcements, one entry per batch (docs/redis-schema.md)."""
         return f"{self._base}:prefix"
+
+    @property
+    def dispatches(self) -> str:
+        """Hash: each picker's flow-control report (its recent dispatches per pod, its queue length),
+        by picker id (docs/redis-schema.md)."""
+        return f"{self._base}:dispatches"

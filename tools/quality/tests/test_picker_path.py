@@ -351,6 +351,25 @@ def test_with_flow_control_a_saturated_pool_holds_and_dispatch_places_later():
     assert router.flow.waiting == 0
 
 
+@pytest.mark.parametrize(("share", "expected"), [(False, 2), (True, 1)])
+def test_two_pickers_sharing_their_dispatches_take_one_freed_slot_once(share: bool, expected: int) -> None:
+    config = quality_config("default").model_copy(
+        update={"flow_control": parse_config({"flowControl": {"enabled": True}}).flow_control}
+    )
+    router = TwoPickers(config, BASE, random.Random(SEED), shared=False, share_dispatches=share)
+    full = [replace(p, updated_at=0.0) for p in pool_pods(pod(5), pod(5))]
+    requests = [TraceRequest(1.0 + i * 0.001, 16, 4, None, objective=None) for i in range(8)]
+    assert all(router(r, full) is HOLD for r in requests)
+    assert all(p.flow is not None and p.flow.waiting for p in router.pickers)  # both hold some
+    assert router.dispatch(1.05, full) == []  # a snapshot round: still full (the reports go out)
+    one_slot = [replace(p, updated_at=1.1) for p in pool_pods(pod(5), pod(4))]
+    placed = router.dispatch(1.1, one_slot)
+    placed += router.dispatch(1.101, one_slot)  # the next pump, before another scrape
+    # Without sharing, each picker sends one request into the one slot.
+    assert len(placed) == expected
+    assert all(choice == Placement(1, None) for _, choice in placed)
+
+
 def test_a_request_with_spans_sends_its_prompt_to_the_picker() -> None:
     router = DirectorRouter(quality_config("default"), "base", random.Random(1))
     spans = (Span(1, 64), Span(2, 16))

@@ -42,6 +42,7 @@ from pointsman_picker.metrics import (
     RuntimeCollector,
     SnapshotCollector,
 )
+from pointsman_picker.peer_sync import RedisPeerSync
 from pointsman_picker.prefix_sync import RedisPrefixSync
 from pointsman_picker.reload import ConfigWatcher
 from pointsman_picker.routing import Routing
@@ -80,10 +81,11 @@ class PickerApp:
         rng: random.Random,
         clock: Callable[[], float],
         tracing: Tracing | None = None,
-        share_prefix: bool = False,
+        share: bool = False,
     ) -> None:
-        """``share_prefix``: the prefix-cache index is shared with the other pickers through the
-        config's Redis (:mod:`~pointsman_picker.prefix_sync`)."""
+        """``share``: the prefix-cache index (:mod:`~pointsman_picker.prefix_sync`) and, with flow
+        control, the dispatches (:mod:`~pointsman_picker.peer_sync`) are shared with the other pickers
+        through the config's Redis."""
         self.config = config
         self.source = source
         self.registry = registry
@@ -93,9 +95,22 @@ class PickerApp:
         self.director = Director(config, source, self.metrics, rng=rng, clock=clock, timer=time.perf_counter)
         # Flow control (off by default): requests wait in the picker while the pool is saturated.
         self.flow: FlowGate | None = None
+        # Active-active: the flow controllers count each other's dispatches through Redis.
+        self.peer_sync: RedisPeerSync | None = None
         if config.flow_control.enabled:
             flow_metrics = FlowControlMetrics(registry)
-            controller = FlowController(self.director, config, clock=clock, metrics=flow_metrics)
+            peers = None
+            if share:
+                self.peer_sync = RedisPeerSync(
+                    config.redis.target,
+                    RedisKeys(config.pool.name),
+                    lambda: self.flow.controller if self.flow is not None else None,
+                    source,
+                    horizon=config.picker.max_staleness,
+                    clock=clock,
+                )
+                peers = self.peer_sync.extra
+            controller = FlowController(self.director, config, clock=clock, metrics=flow_metrics, peers=peers)
             registry.register(FlowCollector(controller, flow_metrics.flows, config.pool.name))
             self.flow = FlowGate(controller)
         source.watch_cluster(self.apply_cluster)
@@ -113,7 +128,7 @@ class PickerApp:
             RedisPrefixSync(
                 config.redis.target, RedisKeys(config.pool.name), self.director.request_plugins, clock=clock
             )
-            if share_prefix
+            if share
             else None
         )
         registry.register(PrefixIndexCollector(self.director.request_plugins, lambda: self.prefix_sync))
@@ -191,6 +206,8 @@ class PickerApp:
         await self.source.start()
         if self.prefix_sync is not None:
             await self.prefix_sync.start()
+        if self.peer_sync is not None:
+            await self.peer_sync.start()
         if self.flow is not None:
             self.flow.start()
 
@@ -270,6 +287,8 @@ class PickerApp:
             await self._metrics_server.stop()
         if self.prefix_sync is not None:
             await self.prefix_sync.aclose()
+        if self.peer_sync is not None:
+            await self.peer_sync.aclose()
         await self.source.aclose()
         if self.tracing is not None:  # the spans still queued go out (within tracing.exportTimeout)
             await asyncio.to_thread(self.tracing.shutdown)
@@ -340,11 +359,12 @@ def create_app(
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.time,
     tracing: Tracing | None = None,
-    share_prefix: bool | None = None,
+    share: bool | None = None,
 ) -> PickerApp:
     """The picker, its parts built from ``config`` where not given (``tracing``: from
-    ``config.tracing``, none when it is off); the prefix index is shared through Redis when the
-    snapshots come from Redis too (``share_prefix`` unset and no ``source`` given)."""
+    ``config.tracing``, none when it is off); the prefix index and flow control's dispatches are
+    shared through Redis when the snapshots come from Redis too (``share`` unset and no ``source``
+    given)."""
     registry = registry if registry is not None else CollectorRegistry()
     if tracing is None:
         tracing = build_tracing(config.tracing, "pointsman-picker", registry=registry)
@@ -355,7 +375,7 @@ def create_app(
         rng=rng or random.Random(),
         clock=clock,
         tracing=tracing,
-        share_prefix=source is None if share_prefix is None else share_prefix,
+        share=source is None if share is None else share,
     )
 
 

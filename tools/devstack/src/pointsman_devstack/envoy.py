@@ -25,6 +25,7 @@ DEFAULT_GATEWAY_PORT = 8080
 DEFAULT_ADMIN_PORT = 9901
 PICKER_CLUSTER = "pointsman_picker"
 POD_CLUSTER = "pointsman_pods"
+POD_IDLE_TIMEOUT = 4.0  # seconds: under the model servers' 5 s keep-alive
 OTLP_CLUSTER = "otlp"
 # The gRPC health service name the picker reports for its ext_proc server (as upstream's does).
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -528,6 +529,16 @@ def _pod_cluster(options: EnvoyOptions) -> dict[str, Any]:
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": options.destination_header},
         # The defaults (1024 requests) would queue a benchmark at Envoy instead of at the pods.
         "circuit_breakers": {"thresholds": [dict(_LIMITS)]},
+        # vLLM's server (uvicorn, as the simulator's) closes a keep-alive connection idle for 5 s, and
+        # Envoy's default keeps one an hour: a request sent on it as the pod closes it fails with 503
+        # (UC). Envoy closes first. Requests held by flow control leave connections idle that long.
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _HTTP_OPTIONS,
+                "common_http_protocol_options": {"idle_timeout": _duration(POD_IDLE_TIMEOUT)},
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
     }
 
 

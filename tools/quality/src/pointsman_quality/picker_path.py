@@ -15,6 +15,11 @@ without spans shares nothing, so its text starts with its own number.
 in-process stand-in for the Redis stream of :mod:`pointsman_picker.prefix_sync`, whose sync runs every
 50 ms: the default delay is that interval plus a round trip); without, each has its own index only.
 
+With flow control on and ``share_dispatches``, the two flow controllers count each other's dispatches
+as the live pickers do through Redis (:mod:`pointsman_picker.peer_sync`): every ``report_interval``
+(20 ms) each picker's report (its assignments not scraped yet, its queue length) reaches the other's
+:class:`~pointsman_picker.flowcontrol.peers.PeerView` ``report_delay`` later (a round trip).
+
 With ``flowControl.enabled`` the router goes through the picker's
 :class:`~pointsman_picker.flowcontrol.controller.FlowController`: a request it holds is the fleet
 driver's :data:`~pointsman_sim.fleet.HOLD`, and :meth:`DirectorRouter.dispatch` pumps the controller
@@ -28,12 +33,13 @@ import json
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pointsman_picker.context import RequestContext
 from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.flowcontrol.controller import FlowController, Waiting
+from pointsman_picker.flowcontrol.peers import PeerView, Report
 from pointsman_picker.interfaces import NoMetrics
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.prefix_cache import Announcement, PrefixCacheProducer
@@ -69,7 +75,15 @@ class DirectorRouter:
     """A fleet-driver router that asks the picker's Director for every request; ``None`` (shed) when it
     answers with an error (a 429, or a 503 when no pod is fresh)."""
 
-    def __init__(self, config: PointsmanConfig, base_model: str, rng: random.Random) -> None:
+    def __init__(
+        self,
+        config: PointsmanConfig,
+        base_model: str,
+        rng: random.Random,
+        *,
+        peers: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
+        """``peers``: the flow controller's (the other pickers' part of each pod)."""
         self.now = 0.0
         self._base = base_model
         self._snapshots = FleetSnapshots(config.pool.name)
@@ -87,7 +101,7 @@ class DirectorRouter:
         self.errors: dict[int, int] = {}  # HTTP status -> count
         self.flow: FlowController | None = None
         if config.flow_control.enabled:
-            self.flow = FlowController(self.director, config, clock=lambda: self.now)
+            self.flow = FlowController(self.director, config, clock=lambda: self.now, peers=peers)
         self._answered: list[tuple[TraceRequest, Routing | PickerError]] = []
 
     def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | Hold | None:
@@ -126,6 +140,9 @@ class DirectorRouter:
             self.director.release(routing)
             if self.flow is not None:
                 self.flow.finished(routing)
+
+    def snapshot(self) -> PoolSnapshot | None:
+        return self._snapshots.current()
 
     def _see(self, pods: Sequence[PodSnapshot]) -> None:
         if self._snapshots.update(pods):
@@ -175,14 +192,31 @@ class TwoPickers:
         *,
         shared: bool,
         delay: float = 0.06,
+        share_dispatches: bool = False,
+        report_interval: float = 0.02,
+        report_delay: float = 0.001,
     ) -> None:
         self._rng = rng
-        self.pickers = (
-            DirectorRouter(config, base_model, random.Random(rng.random())),
-            DirectorRouter(config, base_model, random.Random(rng.random())),
+        self._horizon = config.picker.max_staleness
+        self.views = (PeerView("picker-0"), PeerView("picker-1"))
+        self.pickers = tuple(
+            DirectorRouter(
+                config,
+                base_model,
+                random.Random(rng.random()),
+                peers=self._peers_of(i) if share_dispatches else None,
+            )
+            for i in range(2)
         )
         self._shared = shared
         self._delay = delay
+        self._share_dispatches = share_dispatches
+        self._report_interval = report_interval
+        self._report_delay = report_delay
+        self._next_report = 0.0
+        self._sequence = 0
+        # Per picker, the other's reports on their way: (due, report), oldest first.
+        self._reports: tuple[deque[tuple[float, Report]], ...] = (deque(), deque())
         self._by_request: dict[int, DirectorRouter] = {}
         # Per picker, what the other one announced: (due, announcements), oldest first.
         self._inbound: tuple[deque[tuple[float, list[Announcement]]], ...] = (deque(), deque())
@@ -199,6 +233,8 @@ class TwoPickers:
         now = request.arrival
         if self._shared:
             self._deliver(now)
+        if self._share_dispatches:
+            self._exchange(now)
         i = self._rng.randrange(2)
         picker = self.pickers[i]
         placement = picker(request, pods)
@@ -214,7 +250,39 @@ class TwoPickers:
         self, now: float, pods: Sequence[PodSnapshot]
     ) -> list[tuple[TraceRequest, Placement | None]]:
         """What each picker's flow controller answers at ``now`` (each holds its own requests)."""
+        if self._share_dispatches:
+            self._exchange(now)
         return [answer for picker in self.pickers for answer in picker.dispatch(now, pods)]
+
+    def _exchange(self, now: float) -> None:
+        """The reports due by ``now`` delivered, and each picker's next report sent when its time has come."""
+        for i, (view, reports) in enumerate(zip(self.views, self._reports, strict=True)):
+            if reports and reports[0][0] <= now:
+                while len(reports) > 1 and reports[1][0] <= now:
+                    reports.popleft()  # only the newest matters
+                _, report = reports.popleft()
+                view.update({self.views[1 - i].origin: report}, now)
+        if now >= self._next_report:
+            self._next_report = now + self._report_interval
+            self._sequence += 1
+            for i, picker in enumerate(self.pickers):
+                flow = picker.flow
+                if flow is None:
+                    continue
+                report = Report(
+                    self._sequence, flow.waiting, {a: tuple(t) for a, t in flow.dispatches().items()}
+                )
+                self._reports[1 - i].append((now + self._report_delay, report))
+
+    def _peers_of(self, i: int) -> Callable[[], Mapping[str, int]]:
+        return lambda: self._peer_extra(i)
+
+    def _peer_extra(self, i: int) -> Mapping[str, int]:
+        picker = self.pickers[i]
+        snapshot = picker.snapshot()
+        if snapshot is None or picker.flow is None:
+            return {}
+        return self.views[i].extra(snapshot.pods, picker.flow.thresholds, picker.now, horizon=self._horizon)
 
     def _deliver(self, now: float) -> None:
         for picker, inbound in zip(self.pickers, self._inbound, strict=True):

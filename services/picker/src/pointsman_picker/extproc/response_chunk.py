@@ -1,10 +1,12 @@
 """A response body chunk read straight off the wire: the one ext_proc message a streamed response sends
 per token, without decoding a ``ProcessingRequest``.
 
-Envoy serializes a response body message as field 5 (``response_body``, an ``HttpBody``) and nothing
-else: ``HttpBody`` is field 1 (``body``, bytes) and field 2 (``end_of_stream``, bool), each left out
-when empty or false. :func:`response_body` reads exactly that shape and answers ``None`` for anything
-else (another message, another field, a malformed one), which then goes through the full decode.
+Envoy serializes a response body message as field 5 (``response_body``, an ``HttpBody``), then field 8
+(``metadata_context``: Envoy 1.40 sends it with every message, empty unless metadata namespaces are
+forwarded; the stream never reads it, so it is skipped unread): ``HttpBody`` is field 1 (``body``,
+bytes) and field 2 (``end_of_stream``, bool), each left out when empty or false. :func:`response_body`
+reads exactly that shape and answers ``None`` for anything else (another message, another field, a
+malformed one), which then goes through the full decode.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 _RESPONSE_BODY_TAG = 0x2A  # field 5, length-delimited
 _BODY_TAG = 0x0A  # HttpBody field 1, length-delimited
 _END_OF_STREAM_TAG = 0x10  # HttpBody field 2, varint
+_METADATA_CONTEXT_TAG = 0x42  # field 8, length-delimited
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
@@ -32,18 +35,32 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
 
 
 def response_body(payload: bytes) -> tuple[bytes, bool] | None:
-    """``(chunk, end_of_stream)`` of a ``ProcessingRequest`` holding only a ``response_body``; else None."""
+    """``(chunk, end_of_stream)`` of a ``ProcessingRequest`` holding only a ``response_body``
+    (and ``metadata_context``); else None."""
     if not payload or payload[0] != _RESPONSE_BODY_TAG:
         return None
     try:
-        length, at = _varint(payload, 1)
-        end = len(payload)
-        if at + length != end:
-            return None
+        # Lengths under 128 (a token's event is longer, Envoy's empty metadata shorter) are one byte.
+        length = payload[1]
+        at = 2
+        if length >= 0x80:
+            length, at = _varint(payload, 1)
+        end = at + length
+        if end != len(payload):
+            # Only metadata_context may follow, and nothing after it.
+            if end > len(payload) or payload[end] != _METADATA_CONTEXT_TAG:
+                return None
+            size, after = _varint(payload, end + 1)
+            if after + size != len(payload):
+                return None
         chunk = b""
         end_of_stream = False
         if at < end and payload[at] == _BODY_TAG:
-            size, at = _varint(payload, at + 1)
+            size = payload[at + 1]
+            if size < 0x80:
+                at += 2
+            else:
+                size, at = _varint(payload, at + 1)
             if at + size > end:
                 return None
             chunk = payload[at : at + size]

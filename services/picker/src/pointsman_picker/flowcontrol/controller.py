@@ -56,12 +56,13 @@ class Waiting:
     """A request held in the queue. Its stream sets :attr:`answer` (called once, later: never from
     within :meth:`FlowController.route`) and calls :meth:`cancel` when its client goes away."""
 
-    __slots__ = ("_controller", "answer", "entry", "resolved", "ttl")
+    __slots__ = ("_controller", "answer", "entry", "reason", "resolved", "ttl")
 
-    def __init__(self, controller: FlowController, resolved: Resolved, ttl: float) -> None:
+    def __init__(self, controller: FlowController, resolved: Resolved, ttl: float, reason: str) -> None:
         self._controller = controller
         self.resolved = resolved
         self.ttl = ttl  # its band's time limit
+        self.reason = reason  # why it had to wait, for the explain header
         self.entry: Entry[Waiting] | None = None
         self.answer: Answer | None = None
 
@@ -79,8 +80,9 @@ class FlowController:
         metrics: FlowMetrics | None = None,
         peers: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
-        """``clock`` is the director's (wall time); ``peers`` gives the other pickers' recent
-        assignments per pod address (counted as waiting, like this picker's own)."""
+        """``clock`` is the director's (wall time); ``peers`` gives, per pod address, what the other
+        pickers take of it beyond its snapshot (counted as waiting, like this picker's own recent
+        assignments): :meth:`.peers.PeerView.extra`."""
         self._director = director
         self._clock = clock
         self._metrics = metrics or NoFlowMetrics()
@@ -123,6 +125,15 @@ class FlowController:
     def queue(self) -> FlowQueue[Waiting]:
         return self._queue
 
+    @property
+    def thresholds(self) -> Thresholds:
+        return self._thresholds
+
+    def dispatches(self) -> dict[str, list[float]]:
+        """This picker's assignments a scrape may not have shown yet, their times per pod address:
+        what it reports to its peers (:mod:`.peers`)."""
+        return self._recent.unseen()
+
     def route(self, context: RequestContext) -> Routing | Waiting:
         """Place the request now, or hold it: a :class:`Waiting`, or a
         :class:`~pointsman_picker.errors.PickerError` raised (bad request, queue full, ...)."""
@@ -131,17 +142,21 @@ class FlowController:
         candidates = director.candidates(resolved)
         if self._closed or candidates.fallback is not None:
             return self._placed(director.place(resolved, candidates))
-        roomy = None if self._queue else self._with_room(candidates)
-        if roomy is not None:
+        if self._queue:
+            reason = f"{len(self._queue)} waiting before it"
+        elif (roomy := self._with_room(candidates)) is None:
+            reason = "pool saturated"
+        else:
             try:
                 return self._placed(director.place(resolved, roomy))
             except errors.NoCapacity:
-                pass  # the profile's terminal branch dropped it: under flow control it waits instead
+                # the profile's terminal branch dropped it: under flow control it waits instead
+                reason = "the profile would drop it"
         now = candidates.now
         flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
         priority = resolved.priority
         ttl = self._config.ttl(priority)
-        waiting = Waiting(self, resolved, ttl)
+        waiting = Waiting(self, resolved, ttl, reason)
         size = len(context.body) if context.body is not None else 0
         try:
             waiting.entry = self._queue.push(
@@ -278,7 +293,7 @@ class FlowController:
         if waiting.resolved.context.explain:
             why = (
                 f"waited {waited:.3f}s in flow control (priority {entry.priority}, flow {entry.flow}):"
-                " pool saturated"
+                f" {waiting.reason}"
             )
             if isinstance(result, Routing):
                 result = result._replace(explain=f"{why}; {result.explain}" if result.explain else why)

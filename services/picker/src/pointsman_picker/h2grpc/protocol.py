@@ -266,7 +266,7 @@ class H2Protocol:
         out = self._out
         if not out:
             return b""
-        data = b"".join(out)
+        data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         return data
 
@@ -414,7 +414,8 @@ class H2Protocol:
             return
         if not size and not flags & END_STREAM:
             self._budgets.empty()
-        payload = wire.unpad(payload, flags)
+        if flags & wire.PADDED:
+            payload = wire.unpad(payload, flags)
         if payload:
             self._messages(stream, payload)
         if flags & END_STREAM:
@@ -441,6 +442,18 @@ class H2Protocol:
             data: bytes | bytearray = inbox
         else:
             data = payload
+            # The common case, a frame holding one whole message: handed on without the loop below.
+            compressed, length = wire.grpc_prefix(data, 0) if len(data) >= 5 else (1, 0)
+            if (
+                length + 5 == len(data)
+                and not compressed
+                and length <= self._max_message
+                and not stream.reserved
+            ):
+                self._dispatch(stream, data[5:])
+                if stream.finished:
+                    self._receiving.release(stream)
+                return
         at, end = 0, len(data)
         pending = 0  # the size of a message begun and not ended
         while end - at >= 5:

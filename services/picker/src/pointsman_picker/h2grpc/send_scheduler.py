@@ -67,6 +67,18 @@ class SendScheduler(Generic[S]):
         """Send ``message`` on ``stream`` as far as the windows allow; True when more bytes wait than
         ``max_queued_bytes`` (the peer does not read: the connection should end)."""
         outbox = stream.outbox
+        if not outbox:
+            # The common case, an answer that fits both windows and one frame: written at once.
+            size = len(message)
+            if (
+                size <= self.peer_initial + stream.send_delta
+                and size <= self.window
+                and size <= self.max_frame
+            ):
+                stream.send_delta -= size
+                self.window -= size
+                self._write(wire.frame(FrameType.DATA, 0, stream.id, message))
+                return False
         outbox.append(message)
         if len(outbox) > 1:  # waiting for window already: this waits behind
             stream.queued += len(message)

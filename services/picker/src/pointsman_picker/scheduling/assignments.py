@@ -70,6 +70,11 @@ class RecentAssignments(RequestPlugin):
         self._dirty.add(ticket.address)
         self._oldest = min(self._oldest, ticket.at)
 
+    def unseen(self) -> dict[str, list[float]]:
+        """The remembered assignments' times per pod (those a scrape has shown included, until the next
+        :meth:`adjust` forgets them): what a picker tells its peers."""
+        return {address: list(times.values()) for address, times in self._times.items() if times}
+
     def pending(self) -> dict[str, int]:
         """Assignments per pod not yet seen by a scrape (as of the last :meth:`adjust`)."""
         return dict(self._counts)
@@ -97,7 +102,7 @@ class RecentAssignments(RequestPlugin):
             seen = max(pod.updated_at, not_before)
             while times:
                 first = next(iter(times))
-                if times[first] > seen:
+                if times[first] >= seen:  # one at the scrape instant (virtual time) is not in it
                     break
                 del times[first]
             count = len(times)
