@@ -8,14 +8,28 @@ Each run starts fresh processes on this machine (traffic to 127.0.0.1 only) and 
   contender's config, Envoy with ext_proc), the load sent to Envoy;
 - ``envoy-round-robin`` / ``envoy-least-request``: the pods behind an Envoy with a plain STATIC
   cluster (``ROUND_ROBIN`` / ``LEAST_REQUEST``), no picker;
-- ``vllm-router-round-robin`` / ``vllm-router-power-of-two``: the pods behind vllm-router (PyPI,
-  ``.venv-bench``) with that policy.
+- ``vllm-router-round-robin`` / ``vllm-router-power-of-two`` / ``vllm-router-cache-aware``: the pods
+  behind vllm-router (PyPI, ``.venv-bench``) with that policy (``cache_aware``: its prefix tree over
+  the prompts' text, by its own in-flight counts; no virtual twin, so its runs have live figures only);
+- ``<a Pointsman contender>-2-pickers-shared``: the same stack with two pickers behind the one Envoy
+  (its ext_proc cluster spreads the streams over them), sharing the prefix index through Redis as
+  deployed (the virtual twin: two Directors with a 60 ms delayed shared index). Live pickers always
+  share it, so ``-2-pickers`` (unshared) runs in virtual time only.
 
 The load is inference-perf (PyPI, ``.venv-perf``): it replays the scenario's trace (arrival times and
 lengths: ``trace_replay`` + ``random`` data with a trace file) and draws each request's adapter by
 ``lora_traffic_split``; streaming completions; an offline tokenizer built here
 (``bench/live_tokenizer.py``). ``--client builtin`` (and the fallback when inference-perf cannot run)
 replays the same trace with its own open-loop client (``bench/live_client.py``), adapters included.
+A scenario whose prompts share prefixes (``traffic.prompts``: shared-prefix, multi-turn) runs with the
+builtin client, which sends each request's text as its token spans spell it (4 letters a token, the
+simulator's stand-in tokenizer), so the pods' prefix caches, the picker's index and the virtual replay
+see the same sharing; inference-perf's own shared-prefix generator draws other prompts at its own
+times, which no virtual replay could follow.
+
+Prefix caching: each run reads every pod's ``vllm:prefix_cache_queries_total`` and ``_hits_total``
+when the counted arrivals begin and after the last response: ``prefix_hit_rate`` is hits / queries
+(tokens) over the counted part, the virtual runs' figure of the same name beside it.
 
 Time scale: two cores cannot run the scenario's fleet at its real speed. The pods run ``--speedup
 1/k`` (every step and adapter load k times longer) at 1/k of the arrival rate; the virtual runs use
@@ -46,6 +60,7 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -67,9 +82,9 @@ from pointsman_devstack.readiness import wait_ready
 from pointsman_devstack.stack import LOOPBACK, Stack, StackOptions, StackPorts
 from pointsman_quality import live_report
 from pointsman_quality.agreement import AGREEMENT_METRICS, COMPARED_METRICS, TOLERANCE, agreement
-from pointsman_quality.contenders import BASELINES, POINTSMAN, Contender, contenders
+from pointsman_quality.contenders import BASELINES, POINTSMAN, SHARED, Contender, contenders, replicas
 from pointsman_quality.live_fleet import live_scenario, sim_args
-from pointsman_quality.live_stats import RequestResult, live_stats, send_lag
+from pointsman_quality.live_stats import RequestResult, live_stats, prefix_cache_totals, send_lag
 from pointsman_quality.perf_config import azure_trace, lora_traffic_split, perf_config
 from pointsman_quality.perf_results import as_sent, perf_results
 from pointsman_quality.runs import RunStats
@@ -84,6 +99,7 @@ from pointsman_sim.__main__ import build_parser, pod_specs
 from pointsman_sim.engine import EngineConfig
 from pointsman_sim.fleet import TraceRequest, run_fleet
 from pointsman_sim.openai_protocol import filler_text
+from pointsman_sim.prefix import prompt_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -103,6 +119,9 @@ PLAIN = {
     "vllm-router-round-robin": ("vllm-router", "round_robin", "round-robin"),
     # vllm-router's power_of_two: the less loaded of two random workers, by its own in-flight count.
     "vllm-router-power-of-two": ("vllm-router", "power_of_two", "least-request"),
+    # vllm-router's cache_aware (its default): a prefix tree of the prompts' text per worker, balanced
+    # by in-flight counts; no virtual contender does the same.
+    "vllm-router-cache-aware": ("vllm-router", "cache_aware", ""),
 }
 # The picker's default (#423 tree), the tuned profile where config/profiles/ has it, upstream's default
 # scoring, then the routers without the picker.
@@ -133,8 +152,8 @@ class LiveStack(Stack):
         super().__init__(options)
         self._sim_flags = list(sim_flags)
 
-    def _sim_args(self) -> list[str]:
-        return ["--host", self.host, "--ports", ",".join(str(p) for p in self.ports.pods), *self._sim_flags]
+    def _sim_args(self, ports: Sequence[int]) -> list[str]:
+        return ["--host", self.host, "--ports", ",".join(str(p) for p in ports), *self._sim_flags]
 
 
 def console_script(name: str) -> str:
@@ -161,6 +180,7 @@ class Live:
     """What one live run started: its processes (stopped in reverse), the URL to load, CPU by name."""
 
     base_url: str = ""
+    pods: list[str] = field(default_factory=list)  # host:port of each pod
     processes: dict[str, int] = field(default_factory=dict)
     stops: list[Callable[[], None]] = field(default_factory=list)
 
@@ -187,7 +207,7 @@ def started(
         if kind == "pointsman":
             assert config is not None
             assert config.config is not None
-            ports = StackPorts.free(pods)
+            ports = StackPorts.free(pods, picker_replicas=config.pickers)
             doc = config.config.model_dump(mode="json", by_alias=True, exclude_none=True)
             doc["pool"]["endpoints"] = [f"{HOST}:{p}" for p in ports.pods]
             path = run_dir / f"{name}.yaml"
@@ -207,6 +227,7 @@ def started(
             out.stops.append(stack.stop)
             stack.start()
             out.base_url = stack.gateway_url
+            out.pods = [f"{HOST}:{p}" for p in ports.pods]
             out.processes = {p.name: p.pid for p in stack.processes}
             redis = getattr(stack.redis, "_process", None)
             if redis is not None:
@@ -226,6 +247,7 @@ def started(
             )
             out.stops.append(lambda: sim.stop(5))
             out.processes["sim"] = sim.pid
+            out.pods = [f"{HOST}:{p}" for p in ports_list]
             for port in ports_list:
                 wait_models(sim, f"http://{HOST}:{port}")
             if kind == "envoy":
@@ -305,6 +327,52 @@ class Meter:
             "saturated": machine / wall > MACHINE_SATURATED * cpus,
             "calibration_ms": self.calibration_ms,
         }
+
+
+# -- prefix caching -------------------------------------------------------------------------------
+def prefix_counters(pods: Sequence[str]) -> tuple[float, float] | None:
+    """Every pod's prefix-cache queries and hits (tokens) summed; None when a pod does not answer or
+    does not export them."""
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        try:
+            pages = [client.get(f"http://{pod}/metrics").text for pod in pods]
+        except httpx.HTTPError:
+            return None
+    return prefix_cache_totals(pages)
+
+
+class PrefixWindow:
+    """The pods' prefix-cache counters when the counted arrivals begin (a timer ``warmup`` s after the
+    run starts) and at the end: the hit rate over the counted part, and over the whole run."""
+
+    def __init__(self, pods: Sequence[str], warmup: float) -> None:
+        self._pods = list(pods)
+        self.start = prefix_counters(self._pods)
+        self.counted: tuple[float, float] | None = None
+        self._timer = threading.Timer(warmup, self._mark)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _mark(self) -> None:
+        self.counted = prefix_counters(self._pods)
+
+    def stop(self) -> dict[str, Any] | None:
+        self._timer.cancel()
+        end = prefix_counters(self._pods)
+        if end is None or self.start is None:
+            return None
+
+        def rate(since: tuple[float, float]) -> float | None:
+            queries, hits = end[0] - since[0], end[1] - since[1]
+            return round(hits / queries, 4) if queries > 0 else None
+
+        out: dict[str, Any] = {
+            "queries_tokens": end[0] - self.start[0],
+            "hits_tokens": end[1] - self.start[1],
+        }
+        out["hit_rate_with_warmup"] = rate(self.start)
+        out["hit_rate"] = rate(self.counted) if self.counted is not None else None
+        return out
 
 
 # -- the clients ----------------------------------------------------------------------------------
@@ -422,7 +490,14 @@ def builtin_run(
     base = scenario.traffic.base_model
     lead = trace[0].arrival if trace else 0.0
     requests = [
-        LiveRequest(r.arrival - lead, r.adapter or base, r.prompt_tokens, r.max_tokens) for r in trace
+        LiveRequest(
+            r.arrival - lead,
+            r.adapter or base,
+            r.prompt_tokens,
+            r.max_tokens,
+            prompt_text(r.tokens, r.prompt_tokens) if r.tokens else None,
+        )
+        for r in trace
     ]
     return aio.run(replay(base_url, requests, request_timeout=timeout, run_timeout=timeout + 60))
 
@@ -443,7 +518,9 @@ def resolve_contenders(names: Sequence[str], scenario: Scenario) -> list[LiveCon
         if name in PLAIN:
             kind, policy, virtual = PLAIN[name]
             out.append(LiveContender(name, kind, policy, virtual))
-        elif name in POINTSMAN or name in extras:
+        elif (
+            name in POINTSMAN or name in extras or (replicas(name)[0] in POINTSMAN and name.endswith(SHARED))
+        ):
             out.append(LiveContender(name, "pointsman", "", name))
         else:
             known = ", ".join([*PLAIN, *POINTSMAN, *extras])
@@ -452,7 +529,7 @@ def resolve_contenders(names: Sequence[str], scenario: Scenario) -> list[LiveCon
 
 
 def virtual_contenders(scenario: Scenario, names: set[str], scenario_dir: Path) -> dict[str, Contender]:
-    builtin = tuple(n for n in names if n in POINTSMAN or n in BASELINES)
+    builtin = tuple(n for n in names if replicas(n)[0] in POINTSMAN or n in BASELINES)
     extras = tuple(c for c in scenario.extra_contenders if c.name in names)
     wanted = scenario.model_copy(update={"contenders": builtin, "extra_contenders": extras})
     return {c.name: c for c in contenders(wanted, PROFILES, scenario_dir)}
@@ -585,13 +662,14 @@ def live_run(
         contender.name, contender.kind, config, contender.policy, scenario.fleet.pods, sim_flags, here
     ) as processes:
         meter = Meter(processes.processes)
+        window = PrefixWindow(processes.pods, args.warmup)
         if tokenizer is not None:
             span = args.warmup + args.duration
             args_ = (processes.base_url, scenario, trace, rate, span, tokenizer, here, timeout, seed)
             results, client_cpu = perf_run(*args_)
-            return results, meter.stop("inference-perf", client_cpu)
+            return results, meter.stop("inference-perf", client_cpu) | {"prefix_cache": window.stop()}
         results = builtin_run(processes.base_url, scenario, trace, timeout)
-        return results, meter.stop("builtin", None)
+        return results, meter.stop("builtin", None) | {"prefix_cache": window.stop()}
 
 
 def level_runs(
@@ -613,7 +691,7 @@ def level_runs(
     trace = build_trace(scenario, rate, warmup + args.duration)
     for i, contender in enumerate(wanted):
         here = run_dir / f"level-{level:g}" / contender.name
-        twin = virtual[contender.virtual]
+        twin = virtual.get(contender.virtual)  # None: a router nothing in virtual time does as
         required = (
             contender.name == scenario.load.reference and REQUIRED_LEVELS[0] <= level <= REQUIRED_LEVELS[1]
         )
@@ -624,7 +702,7 @@ def level_runs(
             # The level as a fraction of this contender's own capacity (the reference's is the level).
             record["own_load"] = round(rate * args.time_scale / own, 3)
         out[contender.name] = record
-        end = virtual_end(scenario, twin, scaled, trace)
+        end = virtual_end(scenario, twin or virtual[scenario.load.reference], scaled, trace)
         timeout = 1.5 * end + 60
         log(
             f"level {level:g} [{i + 1}/{len(wanted)}] {contender.name}: {len(trace)} requests at "
@@ -651,6 +729,7 @@ def level_runs(
             log(f"  failed: {record['error']}")
             continue
         record["client"] = client.name
+        record["prefix_cache"] = cpu.pop("prefix_cache", None)
         record["cpu"] = cpu
         stats = live_stats(rate, trace, results, warmup)
         record["live"] = stats.as_dict()
@@ -658,6 +737,14 @@ def level_runs(
         errors = sorted({r.error for r in results if not r.ok and r.error})
         if errors:
             record["live_errors"] = errors[:5]
+        hits = (record["prefix_cache"] or {}).get("hit_rate")
+        if twin is None:
+            log(
+                f"  live TTFT p50 {stats.ttft_p50_s:.3f} p90 {stats.ttft_p90_s:.3f} s (no virtual twin); "
+                f"prefix hit rate {hits}; {stats.finished}/{stats.requests} finished; ours "
+                f"{cpu['ours_cores']} cores, machine {cpu['machine_cores']}"
+            )
+            continue
         replayed, matched = (
             as_sent(trace, results, scenario.traffic.base_model)
             if record["client"] == "inference-perf"
@@ -716,7 +803,8 @@ def level_runs(
         log(
             f"  live TTFT p50 {stats.ttft_p50_s:.3f} p90 {stats.ttft_p90_s:.3f} s, virtual "
             f"{median['ttft_p50_s']:.3f} / {median['ttft_p90_s']:.3f} s: ratios "
-            f"{ratios['ttft_p50_s'] or 0:.2f} / {ratios['ttft_p90_s'] or 0:.2f}; {stats.finished}/"
+            f"{ratios['ttft_p50_s'] or 0:.2f} / {ratios['ttft_p90_s'] or 0:.2f}; prefix hit rate {hits} "
+            f"live, {median.get('prefix_hit_rate')} virtual; {stats.finished}/"
             f"{stats.requests} finished; ours {cpu['ours_cores']} cores, machine {cpu['machine_cores']}"
             + (" (disturbed)" if cpu["disturbed"] else "")
         )
@@ -800,7 +888,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     client = ClientChoice(None)
-    if args.client == "inference-perf":
+    if args.client == "inference-perf" and scenario.traffic.prompts is not None:
+        client.fallback = (
+            "the builtin client ran: the scenario's prompts share prefixes "
+            f"({scenario.traffic.prompts.kind}), "
+            "which inference-perf's trace replay cannot send (its shared-prefix generator draws prompts and "
+            "times of its own, which no virtual replay could follow)"
+        )
+        log(client.fallback)
+    elif args.client == "inference-perf":
         try:
             client.tokenizer = build_tokenizer(run_dir)
         except ClientFailed as exc:

@@ -3,7 +3,8 @@ inference-perf cannot run): an open-loop replay of the scenario's trace over HTT
 
 Request i is sent at ``start + trace[i].arrival`` whatever the earlier ones are doing (Poisson
 arrivals when the scenario's are), as an OpenAI completion with ``stream: true``, the trace's model,
-prompt length (:func:`pointsman_quality.prompts.prompt_text`: n tokens for the simulator) and
+prompt length (:func:`pointsman_quality.prompts.prompt_text`: n tokens for the simulator; or, for a
+trace whose prompts share prefixes, the text of its token spans, ``pointsman_sim.prefix.prompt_text``) and
 ``max_tokens``. TTFT is from the send to the first SSE event that carries text; TPOT from there to the
 last one, over the tokens after the first (``usage.completion_tokens`` when the server sends it);
 e2e to the end of the body. Everything is bounded: a timeout per request and one for the whole run.
@@ -32,13 +33,16 @@ class LiveRequest:
     model: str
     prompt_tokens: int
     max_tokens: int
+    text: str | None = None  # the prompt itself (a trace whose prompts share prefixes); else made up
 
 
 def body(request: LiveRequest, offset: int = 0) -> bytes:
     return json.dumps(
         {
             "model": request.model,
-            "prompt": prompt_text(request.prompt_tokens, offset),
+            "prompt": request.text
+            if request.text is not None
+            else prompt_text(request.prompt_tokens, offset),
             "max_tokens": request.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},

@@ -309,16 +309,23 @@ class Pickers:
             raise
 
     def start_picker(
-        self, name: str, label: str, tracing: dict[str, Any] | None = None
+        self,
+        name: str,
+        label: str,
+        tracing: dict[str, Any] | None = None,
+        profile: dict[str, Any] | None = None,
     ) -> tuple[ManagedProcess, int]:
         """A picker with ``picker.server`` from ``label`` (``native``, or ``native@before``: the picker
-        package of ``--against``'s tree) and the ``tracing`` section on fresh ports; returns it and its
-        ext_proc port."""
+        package of ``--against``'s tree), the ``tracing`` section and a ``profile`` (a profile file's
+        ``picker``, ``plugins`` and ``profiles``) on fresh ports; returns it and its ext_proc port."""
         server, _, tree = label.partition("@")
         ext_proc, health, metrics = free_port(), free_port(), free_port()
         doc = derive_config(self.config, self.ports, self.redis.url, HOST)
         if tracing is not None:
             doc["tracing"] = tracing
+        if profile is not None:
+            doc["picker"].update(profile.get("picker", {}))
+            doc.update({k: profile[k] for k in ("plugins", "profiles") if k in profile})
         doc["picker"].update(
             listen=f"{HOST}:{ext_proc}",
             healthListen=f"{HOST}:{health}",
@@ -1144,6 +1151,10 @@ def markdown(result: dict[str, Any]) -> str:
                     f"{run['ttft_p50_ms']} / {run['ttft_p99_ms']} ms | "
                     f"{run['itl_p50_ms']} / {run['itl_p99_ms']} ms | {run['calibration_ms']} |"
                 )
+    if detail.get("prefix"):
+        from picker_prefix import prefix_markdown  # it imports this module
+
+        lines += prefix_markdown(detail["prefix"])
     lines += ["", "Setups:", ""]
     lines += [f"- `{s.name}`: {s.what}" for s in SETUPS]
     lines += ["- `two_processes`: shipped, two picker processes as two endpoints of the ext_proc cluster"]
@@ -1178,6 +1189,12 @@ def main() -> int:
         action="store_true",
         help="only the tracing off/on runs, into detail.tracing of the existing --output",
     )
+    parser.add_argument(
+        "--only-prefix",
+        action="store_true",
+        help="only the 4 KB-prompt runs with and without prefix scoring, into detail.prefix of the "
+        "existing --output (bench/picker_prefix.py)",
+    )
     args = parser.parse_args()
     servers = [s for s in args.servers.split(",") if s]
     unknown = set(servers) - set(SERVERS)
@@ -1202,6 +1219,8 @@ def main() -> int:
     streams: dict[str, Any] = {}
     if args.only_tracing:
         return only_tracing(bench, pods, backend, run_dir, headline_server, args.output)
+    if args.only_prefix:
+        return only_prefix(bench, pods, backend, run_dir, headline_server, args.output)
     try:
         alone = bench.envoy_alone(pods)
         stack = Pickers(pods, run_dir, args.against)
@@ -1209,6 +1228,7 @@ def main() -> int:
             for server in servers:
                 by_server[server] = bench.pickers(stack, server)
             traced = bench.tracing(stack, headline_server)
+            prefix = run_prefix(bench, stack, headline_server)
         finally:
             stack.stop()
         routers = {policy: bench.vllm_router(pods, policy) for policy in ("round_robin", "cache_aware")}
@@ -1281,6 +1301,7 @@ def main() -> int:
             "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
             "director_route_us": {k: round(v, 1) for k, v in director.items()},
             "tracing": traced,
+            "prefix": prefix,
         },
         "machine": {
             "python": sys.version.split()[0],
@@ -1316,6 +1337,36 @@ def only_tracing(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(traced["summary"], indent=2), "busy:", traced["busy_runs"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def run_prefix(bench: Bench, stack: Pickers, server: str) -> dict[str, Any]:
+    from picker_prefix import prefix_runs  # it imports this module
+
+    return prefix_runs(bench, stack, server)
+
+
+def only_prefix(
+    bench: Bench, pods: Sequence[int], backend: ManagedProcess, run_dir: Path, server: str, output: Path
+) -> int:
+    """``--only-prefix``: the prefix block alone, written into ``output``'s detail.prefix (and its
+    markdown, when ``output`` holds a full run)."""
+    try:
+        stack = Pickers(pods, run_dir)
+        try:
+            prefix = run_prefix(bench, stack, server)
+        finally:
+            stack.stop()
+    finally:
+        backend.stop(5)
+    result = json.loads(output.read_text()) if output.is_file() else {"detail": {}}
+    result.setdefault("detail", {})["prefix"] = prefix
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    if "envoy_alone" in result["detail"]:
+        output.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    print(json.dumps({k: v for k, v in prefix.items() if k != "runs"}, indent=2))
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 

@@ -50,6 +50,8 @@ def test_the_model_and_the_salt_seed_the_chain():
         ({"a": [2, 3]}, [1, 2, 3], {}),  # the first block held by nobody ends the match
         ({"a": [1, 3]}, [1, 2, 3], {"a": 1}),
         ({}, [1], {}),
+        ({"a": [1, 2], "b": [1, 2], "c": [1]}, [1, 2], {"a": 2, "b": 2, "c": 1}),  # owners of 2 and 3
+        ({"a": [1], "b": [1, 2]}, [1, 2, 3], {"a": 1, "b": 2}),
     ],
 )
 def test_match_counts_the_longest_prefix(held, query, matched):
@@ -68,6 +70,29 @@ def test_each_pod_keeps_its_capacity_least_recent_first_out():
     assert index.match([2]) == {}
     assert index.match([1]) == {"a": 1}
     assert len(index) == 3
+
+
+def test_a_block_several_pods_hold_is_matched_until_each_lets_it_go():
+    index = PrefixIndex()
+    for pod in ("a", "b", "c"):
+        index.add(pod, [1], 1, 0.0, 60.0)
+    index.add("b", [2], 1, 1.0, 60.0)  # b's LRU of one lets block 1 go
+    assert index.match([1]) == {"a": 1, "c": 1}
+    index.add("a", [3], 1, 2.0, 60.0)
+    assert index.match([1]) == {"c": 1}
+    index.add("a", [1], 1, 3.0, 60.0)
+    index.add("b", [1], 1, 3.0, 60.0)
+    assert index.match([1]) == {"c": 1, "a": 1, "b": 1}
+
+
+def test_a_prompt_held_again_only_moves_up_its_pod_lru():
+    index = PrefixIndex()
+    index.add("a", [1, 2], 3, 0.0, 60.0)
+    index.add("a", [3], 3, 1.0, 60.0)
+    assert index.add("a", [1, 2], 3, 2.0, 60.0) == []  # held and announced lately: nothing to say
+    index.add("a", [4], 3, 3.0, 60.0)  # 3 is now the least recent
+    assert [h for h, _ in index.entries("a")] == [1, 2, 4]
+    assert dict(index.entries("a"))[1] == 0.0  # its announcement time stays
 
 
 def test_add_returns_what_to_announce():

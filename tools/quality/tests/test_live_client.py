@@ -7,10 +7,13 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from pointsman_quality.live_stats import prefix_cache_totals
 from pointsman_sim.engine import EngineConfig
 from pointsman_sim.pod import PodSpec, SimPod
+from pointsman_sim.prefix import Span, prompt_text
 from pointsman_sim.servers import bind, pod_server
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
@@ -55,3 +58,25 @@ async def test_builtin_client_measures_ttft_from_the_first_streamed_token_of_a_r
     assert not missing.ok
     assert missing.error is not None
     assert missing.error.startswith("HTTP 404")
+
+
+async def test_prompts_sent_as_their_spans_text_share_the_pods_prefix_cache(pod_url: str) -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        from live_client import LiveRequest, replay
+    finally:
+        sys.path.remove(str(BENCH))
+    system, question = Span(1, 64), Span(2, 16)  # 4 full blocks of 16 tokens shared, then one of its own
+    text = prompt_text((system, question), 80)
+    other = prompt_text((system, Span(3, 16)), 80)
+    base = "meta-llama/Llama-3.1-8B-Instruct"
+    requests = [LiveRequest(0.0, base, 80, 2, text), LiveRequest(0.5, base, 80, 2, other)]
+    async with httpx.AsyncClient() as client:
+        before = prefix_cache_totals([(await client.get(f"{pod_url}/metrics")).text])
+        results = await replay(pod_url, requests, request_timeout=10, run_timeout=20)
+        after = prefix_cache_totals([(await client.get(f"{pod_url}/metrics")).text])
+    assert all(r.ok for r in results)
+    assert before is not None
+    assert after is not None
+    queries, hits = after[0] - before[0], after[1] - before[1]
+    assert (queries, hits) == (160, 64)  # the second prompt's 4 system blocks, not its question's

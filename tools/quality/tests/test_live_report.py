@@ -24,6 +24,7 @@ def test_markdown_shows_the_agreement_and_every_run() -> None:
         "agreement": agreement(seen, virtual),
         "cpu": {"ours_cores": 0.6, "machine_cores": 0.7, "disturbed": False},
         "own_load": 0.5,
+        "prefix_cache": {"hit_rate": 0.61, "hit_rate_with_warmup": 0.5},
         "in_seed_range": {"ttft_p50_s": False, "ttft_p90_s": True},
         "virtual_stale": {
             "snapshot_interval_s": 0.075,
@@ -49,7 +50,21 @@ def test_markdown_shows_the_agreement_and_every_run() -> None:
         },
         "machine": {"note": "2 cores. Not disturbed."},
         "levels": [
-            {"level": 0.5, "contenders": {"pointsman-423": run, "envoy-round-robin": {"error": "boom"}}}
+            {
+                "level": 0.5,
+                "contenders": {
+                    "pointsman-423": run,
+                    "envoy-round-robin": {"error": "boom"},
+                    # A router without a virtual twin: live figures only.
+                    "vllm-router-cache-aware": {
+                        "kind": "vllm-router",
+                        "virtual_contender": "",
+                        "required": False,
+                        "live": seen.as_dict(),
+                        "prefix_cache": {"hit_rate": 0.4, "hit_rate_with_warmup": None},
+                    },
+                },
+            }
         ],
         "notes": ["a note"],
     }
@@ -60,5 +75,8 @@ def test_markdown_shows_the_agreement_and_every_run() -> None:
     )
     assert "| 0.5 | pointsman-423 | 550 | 1.00 | 2,000 | 1.05 |" in text  # snapshots every 75 ms
     assert "| 0.5 | envoy-round-robin | failed: boom |" in text
+    assert "| 0.5 | pointsman-423 | 0.61 | 0.50 | 0.00 | 550 / 2,100 / 3,000 | 100 |" in text  # hit rates
+    assert "| 0.5 | vllm-router-cache-aware | 0.40 | - | - | 550 / 2,100 / 3,000 | 100 |" in text
+    assert "| 0.5 | vllm-router-cache-aware | inference-perf" not in text  # no client: "-"
     assert "- a note" in text
     assert f"- {PERCENTILE_RULE_TEXT}" in text  # which percentiles these are

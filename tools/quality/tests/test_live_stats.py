@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pointsman_quality.live_stats import RequestResult, live_stats, send_lag
+from pointsman_quality.live_stats import RequestResult, live_stats, prefix_cache_totals, send_lag
 from pointsman_sim.fleet import TraceRequest
 
 
@@ -40,3 +40,26 @@ def test_send_lag_is_each_send_against_its_arrival_after_the_first() -> None:
     assert lag["p50"] == pytest.approx(0.0, abs=1e-6)
     assert lag["max"] == pytest.approx(20.0)
     assert send_lag(trace, results[:3]) == {}
+
+
+POD_PAGE = """# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 300.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 120.0
+vllm:num_requests_running{model_name="m"} 1.0
+"""
+V0_PAGE = 'vllm:gpu_prefix_cache_hit_rate{model_name="m"} 0.4\n'
+
+
+@pytest.mark.parametrize(
+    ("pages", "totals"),
+    [
+        ([POD_PAGE], (300.0, 120.0)),
+        ([POD_PAGE, POD_PAGE], (600.0, 240.0)),  # summed over pods
+        ([POD_PAGE, V0_PAGE], None),  # a pod without the counters: no hit rate rather than a wrong one
+        ([], (0.0, 0.0)),
+    ],
+)
+def test_prefix_cache_totals_sum_every_pods_counters(
+    pages: list[str], totals: tuple[float, float] | None
+) -> None:
+    assert prefix_cache_totals(pages) == totals

@@ -133,6 +133,29 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"| {_ms(virtual['tpot_p90_s'])} | {virtual['e2e_p90_s']:.1f} | {virtual['tokens_per_s']:.0f} "
             f"| {virtual['adapter_loads_disk']:.0f} | {virtual['max_pod_share']:.2f} |"
         )
+    cached = [(level, name, run) for level, name, run in _runs(result) if run.get("prefix_cache")]
+    if cached:
+        lines += [
+            "",
+            "## Prefix cache",
+            "",
+            "Hit rate: the pods' `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` "
+            "(tokens), live over the counted arrivals (read when they begin and after the last "
+            "response) and with the warm-up; virtual: the same counters of the replay's engines.",
+            "",
+            "| level | contender | hit rate live | with warm-up | virtual | TTFT p50 / p90 / p99 ms live "
+            "| output tok/s live |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for level, name, run in cached:
+            c, live, virtual = run["prefix_cache"], run.get("live") or {}, run.get("virtual") or {}
+            lines.append(
+                f"| {level:g} | {name} | {_ratio(c.get('hit_rate'))} "
+                f"| {_ratio(c.get('hit_rate_with_warmup'))} "
+                f"| {_ratio(virtual.get('prefix_hit_rate'))} | {_ms(live.get('ttft_p50_s'))} / "
+                f"{_ms(live.get('ttft_p90_s'))} / {_ms(live.get('ttft_p99_s'))} "
+                f"| {live.get('tokens_per_s', 0):.0f} |"
+            )
     warm = [(level, name, run) for level, name, run in _runs(result) if run.get("with_warmup")]
     if warm:
         lines += [

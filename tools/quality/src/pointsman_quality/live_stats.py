@@ -1,12 +1,12 @@
 """A live run's requests as the client saw them (:class:`RequestResult`, from either client) and the
-run's figures, taken as the virtual runs take theirs (:func:`live_stats`), and how late the client
-sent (:func:`send_lag`).
+run's figures, taken as the virtual runs take theirs (:func:`live_stats`), how late the client
+sent (:func:`send_lag`), and the pods' prefix-cache counters (:func:`prefix_cache_totals`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pointsman_quality.runs import latency_figures
@@ -102,3 +102,27 @@ def send_lag(trace: Sequence[TraceRequest], results: Sequence[RequestResult]) ->
         "p99": round(percentile(lags, 0.99) * 1000, 2),
         "max": round(max(lags) * 1000, 2),
     }
+
+
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+
+
+def prefix_cache_totals(pages: Iterable[str]) -> tuple[float, float] | None:
+    """The prefix-cache queries and hits (tokens) of every pod's /metrics page in ``pages``, summed
+    over pods and label sets; None when a page lacks either counter (a pod that does not export them,
+    or a vLLM V0 one with only the hit-rate gauge)."""
+    queries = hits = 0.0
+    for page in pages:
+        seen = set()
+        for line in page.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name == PREFIX_QUERIES:
+                queries += float(line.rsplit(" ", 1)[1])
+            elif name == PREFIX_HITS:
+                hits += float(line.rsplit(" ", 1)[1])
+            else:
+                continue
+            seen.add(name)
+        if len(seen) < 2:
+            return None
+    return queries, hits

@@ -13,7 +13,7 @@ The LRU of a pod keeps, per block it holds, the time the block was last announce
 pickers (see :mod:`~pointsman_picker.scheduling.prefix_cache`). Pure: time comes in as arguments.
 
 Memory: one entry is one (block, pod) pair: an ``OrderedDict`` item (hash and time) in the pod's LRU
-and the block's owner (one address, or a set of them when several pods hold it): 174 bytes an entry in
+and the block's owner (one address, or a tuple of them when several pods hold it): 174 bytes an entry in
 CPython 3.11 (``bench/decision_cost.py --prefix`` measures it). The index holds at most ``pods x
 capacity`` entries: 1,000 pods at upstream's 31,250 blocks each is 31 M entries, 5.4 GB, once as many
 distinct blocks were sent to every pod; a pool that large wants ``lruCapacityPerServer`` lowered (2,000
@@ -22,8 +22,8 @@ blocks a pod, 128 K tokens of prompts: 350 MB per 1,000 pods).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator, Sequence
 
 import xxhash
 
@@ -49,9 +49,9 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._lrus: dict[str, OrderedDict[int, float]] = {}
         self._capacity: dict[str, int] = {}
-        # The pods holding each block: one pod's address as it is (most blocks are on one pod, and a
-        # set of one costs 216 bytes), a set of them once two hold it.
-        self._owners: dict[int, str | set[str]] = {}
+        # The pods holding each block: one pod's address as it is (most blocks are on one pod), a tuple
+        # of them once two hold it (hashable, so match counts owners in C; 56 bytes for two, a set 216).
+        self._owners: dict[int, str | tuple[str, ...]] = {}
 
     def __len__(self) -> int:
         """The (block, pod) entries held."""
@@ -60,23 +60,29 @@ class PrefixIndex:
     def pods(self) -> list[str]:
         return list(self._lrus)
 
-    def match(self, hashes: Iterable[int]) -> dict[str, int]:
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Per pod, how many of ``hashes`` it holds, counted from the first block up to the first block
         no pod holds (longest prefix first, as upstream)."""
+        # The lookups and the counting run in C (map, list.index, Counter): a 4 KB prompt's 64 blocks
+        # cost a few dict operations of Python, not a loop of them.
+        found = list(map(self._owners.get, hashes))
+        if None in found:
+            del found[found.index(None) :]
+        if not found:
+            return {}
+        first = found[0]
+        if type(first) is str and found.count(first) == len(found):
+            return {first: len(found)}
         counts: dict[str, int] = {}
-        owners = self._owners
-        for h in hashes:
-            pods = owners.get(h)
-            if pods is None:
-                break
-            if type(pods) is str:
-                counts[pods] = counts.get(pods, 0) + 1
+        for owner, n in Counter(found).items():
+            if type(owner) is str:
+                counts[owner] = counts.get(owner, 0) + n
             else:
-                for pod in pods:
-                    counts[pod] = counts.get(pod, 0) + 1
+                for one in owner:  # type: ignore[union-attr]  # a tuple: the str case is above
+                    counts[one] = counts.get(one, 0) + n
         return counts
 
-    def add(self, pod: str, hashes: Iterable[int], capacity: int, now: float, fresh: float) -> list[int]:
+    def add(self, pod: str, hashes: Sequence[int], capacity: int, now: float, fresh: float) -> list[int]:
         """Record that ``pod`` holds ``hashes`` (its LRU holding at most ``capacity``, the least recently
         added going first); return those it did not hold, or last announced before ``now - fresh``,
         stamped ``now``: what to announce."""
@@ -84,11 +90,21 @@ class PrefixIndex:
         if lru is None:
             lru = self._lrus[pod] = OrderedDict()
         self._capacity[pod] = capacity
+        stale = now - fresh
+        times = list(map(lru.get, hashes))
+        try:
+            held = min(times, default=stale) > stale  # type: ignore[type-var,operator]  # a None raises
+        except TypeError:  # a block the pod does not hold
+            held = False
+        if held:
+            # The pod holds every block, announced lately (a prompt sent again): only their recency
+            # changes, in C.
+            deque(map(lru.move_to_end, hashes), maxlen=0)
+            self._trim(pod, lru, capacity)
+            return []
         owners = self._owners
         announce = []
-        stale = now - fresh
-        for h in hashes:
-            at = lru.get(h)
+        for h, at in zip(hashes, times, strict=True):
             if at is None:
                 _own(owners, h, pod)
             else:
@@ -100,7 +116,7 @@ class PrefixIndex:
         self._trim(pod, lru, capacity)
         return announce
 
-    def learn(self, pod: str, hashes: Iterable[int], at: float, capacity: int) -> None:
+    def learn(self, pod: str, hashes: Sequence[int], at: float, capacity: int) -> None:
         """Record what another picker announced: ``pod`` holds ``hashes`` as of ``at`` (most recent
         last); a block this index already holds is only moved up its pod's LRU."""
         lru = self._lrus.get(pod)
@@ -139,22 +155,21 @@ class PrefixIndex:
         return iter(list(self._lrus.get(pod, {}).items()))
 
 
-def _own(owners: dict[int, str | set[str]], h: int, pod: str) -> None:
+def _own(owners: dict[int, str | tuple[str, ...]], h: int, pod: str) -> None:
     pods = owners.get(h)
     if pods is None:
         owners[h] = pod
     elif type(pods) is str:
         if pods != pod:
-            owners[h] = {pods, pod}
-    else:
-        pods.add(pod)  # type: ignore[union-attr]  # a set: the str case is above
+            owners[h] = (pods, pod)
+    elif pod not in pods:
+        owners[h] = (*pods, pod)
 
 
-def _disown(owners: dict[int, str | set[str]], h: int, pod: str) -> None:
+def _disown(owners: dict[int, str | tuple[str, ...]], h: int, pod: str) -> None:
     pods = owners[h]
     if type(pods) is str:
         del owners[h]  # a pod's LRU holds only blocks the pod owns
         return
-    pods.discard(pod)  # type: ignore[union-attr]
-    if len(pods) == 1:
-        owners[h] = next(iter(pods))
+    rest = tuple(p for p in pods if p != pod)
+    owners[h] = rest[0] if len(rest) == 1 else rest
