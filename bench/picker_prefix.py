@@ -10,7 +10,8 @@ profiles, each on a fresh picker (its index warmed by the run's first second):
 - ``default``: the #423 tree (no prefix plugin): the picker's default, for reference;
 - ``gie-default-without-prefix``: config/profiles/gie-default.yaml less its prefix-cache-scorer;
 - ``gie-default``: that file as it is (queue 2, KV 2, prefix 3, LoRA affinity 1);
-- ``best-prefix``: config/profiles/best-prefix.yaml (the producer, least-work-prefix, prefix affinity).
+- ``best``: config/profiles/best.yaml, the shipped prefix-aware tree (the producer, least-work-prefix,
+  prefix affinity).
 
 The pickers read Redis, so each shares its prefix index through the pool's stream as deployed (the
 sync's CPU is the picker's). Each profile runs in the setups of :data:`SETUPS` under the closed loop,
@@ -57,7 +58,7 @@ BUDGET_US = 400.0  # issue #19: CPU per decision with a 4 KB prompt
 PROMPTS = 512
 REQUESTS_ONLY = next(s for s in SETUPS if s.name == "requests_only")
 PREFIX_SETUPS = (REQUESTS_ONLY, SHIPPED)
-WITH_PREFIX = ("gie-default", "best-prefix")
+WITH_PREFIX = ("gie-default", "best")
 SCORER = "prefix-cache-scorer"
 
 
@@ -69,8 +70,8 @@ def profiles() -> dict[str, dict[str, Any] | None]:
     without["profiles"][0]["plugins"] = [
         e for e in without["profiles"][0]["plugins"] if e["pluginRef"] != SCORER
     ]
-    best = yaml.safe_load((PROFILES / "best-prefix.yaml").read_text(encoding="utf-8"))
-    return {"default": None, "gie-default-without-prefix": without, "gie-default": gie, "best-prefix": best}
+    best = yaml.safe_load((PROFILES / "best.yaml").read_text(encoding="utf-8"))
+    return {"default": None, "gie-default-without-prefix": without, "gie-default": gie, "best": best}
 
 
 def bodies(count: int = PROMPTS) -> list[bytes]:
@@ -197,12 +198,13 @@ def prefix_markdown(prefix: dict[str, Any]) -> list[str]:
         "| profile | prefix scoring | " + " | ".join(f"{s}: CPU per decision; req/s" for s in setups) + " |",
         "|---|---|" + "---|" * len(setups),
     ]
+    scored = set(prefix.get("with_prefix", WITH_PREFIX))  # a file's own names (older runs: best-prefix)
     for name, by_setup in prefix["summary"].items():
         cells = [
             f"{by_setup[s]['cpu_us_per_decision']:.0f} µs; {by_setup[s]['max_decisions_per_s']:.0f}"
             for s in setups
         ]
-        lines.append(f"| {name} | {'yes' if name in WITH_PREFIX else 'no'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {'yes' if name in scored else 'no'} | " + " | ".join(cells) + " |")
     lines += [
         "",
         f"Prefix scoring adds {prefix['prefix_adds_us']} µs per decision (gie-default with and without).",

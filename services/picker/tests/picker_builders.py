@@ -11,9 +11,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from pointsman_picker.context import RequestContext
 from pointsman_picker.scheduling import CycleState, Drop, Pods, SchedulingRequest
-from pointsman_picker.scheduling.backlog import PENDING_PREFILL
+from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.indexed import indexed
 from pointsman_picker.scheduling.pickers import RandomPicker
+from pointsman_picker.scheduling.prefix_cache import NO_MATCH, PREFIX_MATCH, PrefixMatch
 from pointsman_picker.scheduling.profiles import DEFAULT, Profile
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_picker.scheduling.tree import build_tree
@@ -58,13 +59,22 @@ def ctx(
     return RequestContext(request_id, body, headers or {}, objective, explain)
 
 
-def state(*, recent_targets: int | None = None, pending: dict[str, float] | None = None) -> CycleState:
-    """A request's cycle state with what the request plugins would have written into it."""
+def state(
+    *,
+    recent_targets: int | None = None,
+    pending: dict[str, float] | None = None,
+    prompt_tokens: int = 0,
+    prefix: PrefixMatch = NO_MATCH,
+) -> CycleState:
+    """A request's cycle state with what the request plugins would have written into it (the prefix
+    index's match always: none unless given)."""
     out = CycleState()
     if recent_targets is not None:
         out[RECENT_TARGETS] = recent_targets
     if pending is not None:
         out[PENDING_PREFILL] = pending
+    out[PROMPT_TOKENS] = prompt_tokens
+    out[PREFIX_MATCH] = prefix
     return out
 
 

@@ -43,7 +43,11 @@ def lifecycle_types(profile: Profile) -> list[str]:
     [
         ("the #423 tree", {}, ["recent-assignments"]),
         ("no assignments counted", {"picker": {"countAssignments": False}}, []),
-        ("best", "best", ["recent-assignments", "prefill-backlog", "recent-targets"]),
+        (
+            "best",
+            "best",
+            ["recent-assignments", "prefill-backlog", "recent-targets", "approx-prefix-cache-producer"],
+        ),
         (
             "least work alone",
             {

@@ -17,11 +17,14 @@ from pointsman_picker.scheduling.filters import (
     LeastKvCache,
     LeastQueuing,
     LeastWork,
+    LeastWorkWithPrefix,
     LoraSoftAffinity,
     LoraSpreadAffinity,
     LowQueueing,
+    PrefixCacheAffinity,
 )
 from pointsman_picker.scheduling.indexed import IndexedPods, with_waiting
+from pointsman_picker.scheduling.prefix_cache import PrefixMatch
 from pointsman_picker.scheduling.profiles import build_profile, builtin_profiles
 from pointsman_picker.scheduling.scorers import KvCacheScorer, QueueScorer
 from pointsman_shared.config import parse_config
@@ -35,6 +38,8 @@ FILTERS = {
     "LoRA soft affinity": LoraSoftAffinity(0.5),
     "LoRA spread affinity": LoraSpreadAffinity(0.5, 0.1, 2.0, 0.75),
     "least work": LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5),
+    "least work with prefix": LeastWorkWithPrefix(0.0345, 0.04, 20.0, 7.0, 3.5),
+    "prefix affinity": PrefixCacheAffinity(0.5, 0.0),
 }
 SCORERS = {"queue": QueueScorer(), "KV cache": KvCacheScorer()}
 REQUESTS = [
@@ -43,6 +48,15 @@ REQUESTS = [
     (SchedulingRequest("a", critical=True), state(recent_targets=100)),
     (SchedulingRequest(None, critical=True), state()),
     (SchedulingRequest("c", critical=True), state(pending={"10.0.0.1:8000": 900.0, "10.0.0.3:8000": 40.0})),
+    (
+        # a long prompt that two pods hold most of (one of them behind a backlog)
+        SchedulingRequest(None, critical=True),
+        state(
+            pending={"10.0.0.1:8000": 900.0},
+            prompt_tokens=2_000,
+            prefix=PrefixMatch(tuple(range(100)), {"10.0.0.1:8000": 90, "10.0.0.2:8000": 60}, ()),
+        ),
+    ),
 ]
 
 

@@ -192,8 +192,8 @@ def test_least_work_with_prefix_counts_the_prompt_a_pod_lacks(matched, pending, 
     assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
 
 
-def test_best_prefix_is_best_with_prefix_aware_work():
-    profile = build_profile(parse_config(shipped("best-prefix.yaml")))
+def test_best_routes_a_shared_system_prompt_to_the_pod_that_holds_it():
+    profile = build_profile(parse_config(shipped("best.yaml")))
     assert producer(profile).capacity == 31_250
     system = "You are a helpful assistant. " * 100
     first = decide(profile, system + "one")

@@ -95,10 +95,9 @@ SHEDDABLE = [
 ]
 
 
-@pytest.mark.parametrize("name", ["best.yaml", "best-prefix.yaml"])
 @pytest.mark.parametrize(("pods", "chosen"), SHEDDABLE)
-def test_best_sends_sheddable_requests_where_their_adapter_is_or_drops_them(name, pods, chosen):
-    profile = build_profile(parse_config(shipped(name)))
+def test_best_sends_sheddable_requests_where_their_adapter_is_or_drops_them(pods, chosen):
+    profile = build_profile(parse_config(shipped("best.yaml")))
     request = SchedulingRequest("x", False, {"model": "x", "prompt": "hello"})
     for seed in range(20):
         state = CycleState()

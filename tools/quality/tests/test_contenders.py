@@ -163,14 +163,19 @@ def test_a_director_router_sheds_what_the_director_refuses() -> None:
 
 
 def test_two_picker_contenders_name_their_config_and_whether_they_share() -> None:
-    named = ["gie-default", "gie-default-2-pickers-shared", "gie-default-2-pickers", "pointsman-best-prefix"]
+    named = [
+        "gie-default",
+        "gie-default-2-pickers-shared",
+        "gie-default-2-pickers",
+        "pointsman-best-2-pickers",
+    ]
     by_name = {c.name: c for c in contenders(scenario(contenders=[*named, "prefix-only"]), PROFILES)}
     assert not {"gie-default-2-pickers", "gie-default-2-pickers-shared"} & set(NAMES)  # named, not default
     shared, alone = by_name["gie-default-2-pickers-shared"], by_name["gie-default-2-pickers"]
     assert (shared.pickers, shared.shared, alone.pickers, alone.shared) == (2, True, 2, False)
     assert shared.config == by_name["gie-default"].config
     assert isinstance(shared.router(scenario(), 0), TwoPickers)
-    assert by_name["pointsman-best-prefix"].config.picker.profile == "best-prefix"
+    assert by_name["pointsman-best-2-pickers"].config.picker.profile == "best"
     assert by_name["prefix-only"].config.picker.profile == "prefix-only"
 
 

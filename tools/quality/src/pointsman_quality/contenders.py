@@ -169,13 +169,12 @@ POINTSMAN: dict[str, dict[str, Any] | str] = {
     "pointsman-scorer": {"picker": {"profile": "scorer"}},
     "pointsman-scorer-no-recent": {"picker": {"profile": "scorer", "countAssignments": False}},
     "pointsman-best": "best.yaml",
-    "pointsman-best-prefix": "best-prefix.yaml",
     "gie-default": "gie-default.yaml",
     "prefix-only": "prefix-only.yaml",
 }
 TWO_PICKERS, SHARED = "-2-pickers", "-2-pickers-shared"
 # Of these, two pickers with and without the shared prefix index (any Pointsman contender can be named so).
-REPLICATED = ("gie-default", "pointsman-best-prefix")
+REPLICATED = ("gie-default", "pointsman-best")
 
 NAMES = (*POINTSMAN, *BASELINES)  # a scenario's contenders when it names none
 KNOWN = (

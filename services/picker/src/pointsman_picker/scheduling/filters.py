@@ -15,7 +15,7 @@ from typing import ClassVar
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
-from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH
+from pointsman_picker.scheduling.prefix_cache import NO_MATCH, PREFIX_MATCH
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
 
@@ -192,7 +192,7 @@ class PrefixCacheAffinity(Filter):
     exploration: float
 
     def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
-        hashes, matched, _ = state[PREFIX_MATCH]
+        hashes, matched, _ = state.read(PREFIX_MATCH, NO_MATCH)
         if len(pods) <= 1 or not matched or self.threshold <= 0:
             return pods
         if self.exploration > 0 and rng.random() < self.exploration:
@@ -222,7 +222,8 @@ class LeastWorkWithPrefix(Filter):
         if len(pods) < 2:
             return pods
         pending = state.read(PENDING_PREFILL, NO_PENDING)
-        hashes, matched, _ = state[PREFIX_MATCH]
+        # No match written (a profile run without its request plugins): nothing is held, as LeastWork.
+        hashes, matched, _ = state.read(PREFIX_MATCH, NO_MATCH)
         prompt = state.read(PROMPT_TOKENS, 0)
         per_pending_token, per_running = self.per_pending_token, self.per_running
         per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
