@@ -6,7 +6,7 @@ The native server must hang up on each attacker with the GOAWAY code its limit n
 thousand frames, while the well-behaved client gets every answer within its 2 s deadline. grpcio is
 held to what it does (docs/security.md has both columns): it keeps the well-behaved client answered,
 except that a rapid reset or a flood of streams on another connection fails some of that client's
-calls (CANCELLED, INTERNAL).
+calls (CANCELLED, INTERNAL, or past their deadline on a loaded machine).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pointsman_picker.h2grpc.config import Http2Config
 from pointsman_picker.h2grpc.server import GrpcServer
 from pointsman_picker.h2grpc.wire import ErrorCode, FrameType
 
-# Attacks under which some of grpcio's answers to the well-behaved client fail (CANCELLED, INTERNAL).
+# Attacks under which some of grpcio's answers to the well-behaved client fail (CANCELLED, INTERNAL,
+# DEADLINE_EXCEEDED: grpcio reads the flood to its end before it answers).
 GRPCIO_HURTS = {"rapid reset", "streams never ended"}
 NATIVE_ANSWER = {
     "rapid reset": "ENHANCE_YOUR_CALM",
@@ -67,9 +68,9 @@ async def test_grpcio_under_the_same_attacks(attack):
     async with grpcio_echo() as port:
         outcome = await run(port, attack)
     assert outcome.calls >= 3, outcome
-    assert outcome.slowest < DEADLINE, outcome
     if attack not in GRPCIO_HURTS:
         assert outcome.failures == [], outcome
+        assert outcome.slowest < DEADLINE, outcome
     # What grpcio answers each (for docs/security.md): PING flood GOAWAY ENHANCE_YOUR_CALM; zero-length
     # CONTINUATION and empty DATA floods and oversized headers: the connection closed; rapid reset,
     # SETTINGS flood and streams never ended: nothing, the flood is read to its end.
