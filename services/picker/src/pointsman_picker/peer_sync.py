@@ -20,24 +20,20 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
 from pointsman_picker.flowcontrol.controller import FlowController
 from pointsman_picker.flowcontrol.peers import PeerView, Report, decode, encode
 from pointsman_picker.interfaces import SnapshotSource
-from pointsman_picker.prefix_sync import default_origin
+from pointsman_picker.redis_rounds import RedisRounds, default_origin
 from pointsman_picker.snapshots import RETRY
 from pointsman_shared.backoff import Backoff
 from pointsman_shared.keys import RedisKeys
-from pointsman_shared.redis_client import ClientOptions, RedisClient, create_client
-from pointsman_shared.redis_url import RedisTarget, parse_redis_url
+from pointsman_shared.redis_client import RedisClient
+from pointsman_shared.redis_url import RedisTarget
 
 log = logging.getLogger(__name__)
 
 
-class RedisPeerSync:
+class RedisPeerSync(RedisRounds):
     def __init__(
         self,
         target: RedisTarget | str,
@@ -57,23 +53,25 @@ class RedisPeerSync:
     ) -> None:
         """``controller`` is this picker's (called each round: it is built after this); ``horizon``
         the oldest assignment that counts (``picker.maxStaleness``)."""
-        self._target = parse_redis_url(target) if isinstance(target, str) else target
+        super().__init__(
+            target,
+            name="peer-sync",
+            what="flow control",
+            unreachable="counting this picker's dispatches only",
+            interval=interval,
+            io_timeout=io_timeout,
+            backoff=backoff,
+            rng=rng,
+        )
         self._key = keys.dispatches
         self._controller = controller
         self._source = source
         self._horizon = horizon
         self._clock = clock
         self.view = PeerView(origin or default_origin(), ttl=ttl)
-        self._interval = interval
         self._forget = forget
-        self._io_timeout = io_timeout
-        self._backoff = backoff
-        self._rng = rng if rng is not None else random.Random()
-        self._client: RedisClient | None = None
-        self._task: asyncio.Task[None] | None = None
         self._sequence = 0
         self._cached: tuple[object, int, float, dict[str, int]] | None = None
-        self.failures = 0
         self.rounds = 0
 
     @property
@@ -101,49 +99,11 @@ class RedisPeerSync:
         self._cached = (snapshot, view.generation, now, counts)
         return counts
 
-    async def start(self) -> None:
-        self._client = create_client(
-            self._target,
-            ClientOptions(
-                socket_timeout=None,  # bounded with asyncio.timeout instead (see snapshots.py)
-                connect_timeout=self._io_timeout,
-                retry=Retry(NoBackoff(), 0),
-                sentinel_timeout=self._io_timeout,
-            ),
-        )
-        self._task = asyncio.create_task(self._loop(), name="peer-sync")
+    def alone(self) -> None:
+        self.view.update({}, self._clock())  # alone until Redis answers again
 
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=2.0)
-            self._task = None
-        if self._client is not None:
-            try:  # stop counting at once for the others
-                async with asyncio.timeout(self._io_timeout):
-                    await self._client.hdel(self._key, self.origin)
-            except (RedisError, OSError, TimeoutError):
-                pass
-            await self._client.aclose()
-            self._client = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.sync()
-            except (RedisError, OSError, TimeoutError) as exc:
-                self.failures += 1
-                self.view.update({}, self._clock())  # alone until Redis answers again
-                if self.failures == 1:
-                    log.warning(
-                        "flow control: Redis unreachable, counting this picker's dispatches only: %s", exc
-                    )
-                await asyncio.sleep(self._backoff.delay(self.failures, self._rng))
-                continue
-            if self.failures:
-                log.info("flow control: Redis answers again after %d failures", self.failures)
-                self.failures = 0
-            await asyncio.sleep(self._interval)
+    async def farewell(self, client: RedisClient) -> None:
+        await client.hdel(self._key, self.origin)  # stop counting at once for the others
 
     async def sync(self) -> None:
         """One round: write this picker's report, read the others'."""

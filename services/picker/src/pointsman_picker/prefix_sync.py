@@ -26,24 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-import socket
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
+from pointsman_picker.redis_rounds import FAILURES, RedisRounds, default_origin
 from pointsman_picker.scheduling.contracts import RequestPlugin
 from pointsman_picker.scheduling.prefix_cache import Announcement, PrefixCacheProducer
 from pointsman_picker.snapshots import RETRY
 from pointsman_shared.backoff import Backoff
 from pointsman_shared.keys import RedisKeys
-from pointsman_shared.redis_client import ClientOptions, RedisClient, create_client
-from pointsman_shared.redis_url import RedisTarget, parse_redis_url
+from pointsman_shared.redis_url import RedisTarget
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +71,7 @@ def decode(fields: dict[bytes, bytes]) -> tuple[str, list[Announcement]]:
     return origin, out
 
 
-def default_origin() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
-
-
-class RedisPrefixSync:
+class RedisPrefixSync(RedisRounds):
     def __init__(
         self,
         target: RedisTarget | str,
@@ -101,68 +91,33 @@ class RedisPrefixSync:
     ) -> None:
         """``producers`` are the running profile's request plugins (the prefix producers among them
         are fed)."""
-        self._target = parse_redis_url(target) if isinstance(target, str) else target
+        super().__init__(
+            target,
+            name="prefix-sync",
+            what="prefix index",
+            unreachable="routing by this picker's own index",
+            interval=interval,
+            io_timeout=io_timeout,
+            backoff=backoff,
+            rng=rng,
+            failures=(*FAILURES, ValueError),
+        )
         self._key = keys.prefix_index
         self._plugins = producers
         self.origin = origin or default_origin()
-        self._interval = interval
         self._batch = batch
         self._rounds = rounds
         self._max_entries = max_entries
         self._ttl = ttl
-        self._io_timeout = io_timeout
-        self._backoff = backoff
-        self._rng = rng if rng is not None else random.Random()
         self._clock = clock
-        self._client: RedisClient | None = None
-        self._task: asyncio.Task[None] | None = None
         self._last_id = b"0-0"  # the newest entry read
         self._fed: list[PrefixCacheProducer] = []  # the producers fed up to _last_id
         self._trimmed = 0.0
-        self.failures = 0
         self.published = 0  # entries appended
         self.learnt = 0  # announcements applied from other pickers
 
     def producers(self) -> list[PrefixCacheProducer]:
         return [p for p in self._plugins() if isinstance(p, PrefixCacheProducer)]
-
-    async def start(self) -> None:
-        self._client = create_client(
-            self._target,
-            ClientOptions(
-                socket_timeout=None,  # bounded with asyncio.timeout instead (see snapshots.py)
-                connect_timeout=self._io_timeout,
-                retry=Retry(NoBackoff(), 0),
-                sentinel_timeout=self._io_timeout,
-            ),
-        )
-        self._task = asyncio.create_task(self._loop(), name="prefix-sync")
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=2.0)
-            self._task = None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.sync()
-            except (RedisError, OSError, TimeoutError, ValueError) as exc:
-                self.failures += 1
-                if self.failures == 1:
-                    log.warning(
-                        "prefix index: Redis unreachable, routing by this picker's own index: %s", exc
-                    )
-                await asyncio.sleep(self._backoff.delay(self.failures, self._rng))
-                continue
-            if self.failures:
-                log.info("prefix index: Redis answers again after %d failures", self.failures)
-                self.failures = 0
-            await asyncio.sleep(self._interval)
 
     async def sync(self) -> None:
         """One round: publish what the producers recorded, then read what the others published (a new
