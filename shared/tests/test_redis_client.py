@@ -31,6 +31,16 @@ async def test_a_plain_url_is_one_server() -> None:
         await client.aclose()
 
 
+async def test_a_caller_bounded_client_has_no_socket_timeout_and_no_retries() -> None:
+    client = create_client("redis://h:6380", ClientOptions.caller_bounded(0.75))
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (None, 0.75)
+        assert kwargs["retry"].get_retries() == 0
+    finally:
+        await client.aclose()
+
+
 async def test_a_sentinel_url_is_the_primary_the_sentinels_name() -> None:
     client = create_client("redis+sentinel://app:pw@s1:1,s2:2/pointsman/3", OPTIONS)
     try:

@@ -70,6 +70,19 @@ class ClientOptions:
     # Sentinel reconfigures it (seconds later), and connections to it would stay put until then.
     sentinel_recheck: float = 1.0
 
+    @classmethod
+    def caller_bounded(cls, io_timeout: float) -> ClientOptions:
+        """For a caller that bounds each command with ``asyncio.timeout`` and owns retrying: no
+        retries inside the client, ``io_timeout`` to connect and per Sentinel question. No socket
+        timeout: when set, redis-py wraps writes in ``asyncio.wait_for``, which on Python 3.11 can
+        swallow a task's cancellation (gh-86296) and hang shutdown."""
+        return cls(
+            socket_timeout=None,
+            connect_timeout=io_timeout,
+            retry=Retry(NoBackoff(), 0),
+            sentinel_timeout=io_timeout,
+        )
+
 
 def create_client(target: RedisTarget | str, options: ClientOptions) -> RedisClient:
     """A client for ``target`` (a URL is parsed first; raises RedisUrlError). Nothing connects yet."""

@@ -2,8 +2,8 @@
 every ``interval``; a failed round is logged once (until one succeeds again), the task backs off and
 :meth:`alone` tells the subclass to go on with its own view. Nothing of it raises into routing.
 
-The client bounds each round with ``asyncio.timeout`` (no socket timeout, no redis-py retries), as
-the snapshot reader does (:mod:`pointsman_picker.snapshots`).
+Each round is bounded with ``asyncio.timeout`` (``ClientOptions.caller_bounded``), as the snapshot
+reader's are (:mod:`pointsman_picker.snapshots`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import os
 import random
 import socket
 
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from pointsman_shared.backoff import Backoff
@@ -73,15 +71,7 @@ class RedisRounds:
         """What to tell the others before the client closes (bounded by ``io_timeout``)."""
 
     async def start(self) -> None:
-        self._client = create_client(
-            self._target,
-            ClientOptions(
-                socket_timeout=None,
-                connect_timeout=self._io_timeout,
-                retry=Retry(NoBackoff(), 0),
-                sentinel_timeout=self._io_timeout,
-            ),
-        )
+        self._client = create_client(self._target, ClientOptions.caller_bounded(self._io_timeout))
         self._task = asyncio.create_task(self._loop(), name=self._name)
 
     async def aclose(self) -> None:

@@ -25,8 +25,6 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from pointsman_picker.interfaces import SnapshotSource
@@ -156,19 +154,9 @@ class RedisSnapshotSource:
         return self._cluster
 
     async def start(self) -> None:
-        # No retries inside the client: the loops below own retrying, with their own backoff.
-        # socket_timeout stays None: when set, redis-py wraps writes in asyncio.wait_for, which on
-        # Python 3.11 can swallow a task's cancellation (gh-86296) and hang shutdown. Reads are bounded
-        # with asyncio.timeout in refresh() instead. Questions to Sentinels are short and bounded.
-        self._client = create_client(
-            self._target,
-            ClientOptions(
-                socket_timeout=None,
-                connect_timeout=self._io_timeout,
-                retry=Retry(NoBackoff(), 0),
-                sentinel_timeout=self._io_timeout,
-            ),
-        )
+        # The loops below own retrying, with their own backoff; reads are bounded with asyncio.timeout
+        # in refresh().
+        self._client = create_client(self._target, ClientOptions.caller_bounded(self._io_timeout))
         self._tasks = [
             asyncio.create_task(self._poll_loop(), name="snapshot-poll"),
             asyncio.create_task(self._subscribe_loop(), name="snapshot-subscribe"),
