@@ -172,12 +172,7 @@ def main() -> None:
         two_pickers(args)
         return
     args.out = args.out or RESULTS
-    doc = yaml.safe_load(SCENARIO.read_text(encoding="utf-8"))
-    scenario = load_scenario(SCENARIO.parent / doc["base"])
-    variant = next(v for v in scenario.variants if v.name == doc["variant"])
-    engines = engine_configs(scenario, variant)
-    capacity = args.capacity or float(doc["capacity"])
-    duration = args.duration or float(doc["duration"])
+    doc, scenario, engines, capacity, duration = _setup(args)
     warmup = float(doc.get("warmup", 0))
     contenders = configs(scenario, doc["flowControl"])
     out: dict[str, Any] = {
@@ -216,14 +211,21 @@ def main() -> None:
     args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
 
 
-def two_pickers(args: argparse.Namespace) -> None:
-    """One picker with flow control, and two without and with their dispatches shared."""
+def _setup(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any, float, float]:
+    """bench/overload.yaml, its base scenario, the variant's engines, and the capacity and duration
+    (the flags' or the file's)."""
     doc = yaml.safe_load(SCENARIO.read_text(encoding="utf-8"))
     scenario = load_scenario(SCENARIO.parent / doc["base"])
     variant = next(v for v in scenario.variants if v.name == doc["variant"])
     engines = engine_configs(scenario, variant)
     capacity = args.capacity or float(doc["capacity"])
     duration = args.duration or float(doc["duration"])
+    return doc, scenario, engines, capacity, duration
+
+
+def two_pickers(args: argparse.Namespace) -> None:
+    """One picker with flow control, and two without and with their dispatches shared."""
+    doc, scenario, engines, capacity, duration = _setup(args)
     config = configs(scenario, doc["flowControl"])["pointsman-best-flow"]
     limit = doc["flowControl"]["saturationDetector"]["maxPodRequests"]
     contenders = {
