@@ -257,6 +257,23 @@ def test_least_work(name, weights, pods, pending, expected):
             ["near"],
         ),
         (
+            "where the adapter runs, not where it only waits for a slot",
+            [
+                busy(0, 100, max_lora=2, adapters={"x"}, address="runs"),
+                busy(0, 10, max_lora=1, adapters={"y"}, waiting_adapters={"x"}, address="waits"),
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["runs"],
+        ),
+        (
+            "it only waits wherever it is: those pods",
+            [
+                busy(0, 10, max_lora=1, adapters={"y"}, waiting_adapters={"x"}, address="waits1"),
+                busy(0, 20, max_lora=1, adapters={"z"}, waiting_adapters={"x"}, address="waits2"),
+            ],
+            ["waits1", "waits2"],
+        ),
+        (
             "no pod has the adapter: the free slots",
             [
                 busy(0, 0, max_lora=1, adapters={"y"}, address="full"),

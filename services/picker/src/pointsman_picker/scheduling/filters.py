@@ -124,7 +124,14 @@ class LoraSpreadAffinity(Filter):
 
     def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         facts = facts_of(pods)
-        near, free = facts.lora(pods, request.target_model)
+        target = request.target_model
+        near, free = facts.lora(pods, target)
+        if len(near) > 1:
+            # Where the adapter only waits, it waits for a slot that other adapters' traffic can hold
+            # for seconds: while some pod runs it, more of its requests go there, not into that queue.
+            running = [i for i in near if target in pods[i].running_adapters]
+            if running and len(running) < len(near):
+                near = running
         if near and free:
             mean = facts.total_load(pods) / len(pods)
             busy = facts.least_load(pods, near) > mean * (1.0 + self.spread_ratio) + self.spread_margin
