@@ -11,10 +11,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from pointsman_quality import report
-from pointsman_quality.contenders import KNOWN, contenders
-from pointsman_quality.scenario import Scenario, ScenarioError, engine_configs, load_scenario
+from pointsman_quality.contenders import KNOWN, NAMES, contenders
+from pointsman_quality.scenario import Scenario, ScenarioError, Target, engine_configs, load_scenario
 from pointsman_quality.sweep import Sweep, VariantResult
 from pointsman_shared import cli
 
@@ -46,6 +47,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (default: one per core)"
     )
+    parser.add_argument(
+        "--targets",
+        action="store_true",
+        help="only what the scenario's targets need, at full length: the contenders they name and the "
+        "load reference (every contender for a `best` or `than: others` target), the levels inside "
+        "their ranges, the capacity search for the reference (and capacity targets' contenders) alone",
+    )
     parser.add_argument("--contenders", help="comma-separated names, instead of the scenario's")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
@@ -55,7 +63,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def plan(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, tuple[float, ...], float]:
+class Plan(NamedTuple):
+    scenario: Scenario  # as this invocation runs it
+    levels: tuple[float, ...]
+    duration: float
+    searched: tuple[str, ...] | None = None  # whose capacity is searched (None: every contender's)
+    targets_run: dict[str, Any] | None = None  # what a --targets run ran and left out, for the report
+
+
+def plan(scenario: Scenario, args: argparse.Namespace) -> Plan:
     """The scenario as this invocation runs it, its load levels and run duration."""
     names = scenario.contenders
     if args.contenders:
@@ -65,12 +81,51 @@ def plan(scenario: Scenario, args: argparse.Namespace) -> tuple[Scenario, tuple[
     if args.quick:
         load = scenario.load.model_copy(update={"repeats": scenario.quick.repeats})
         update = {"contenders": names, "variants": scenario.variants[:1], "load": load}
-        return scenario.model_copy(update=update), scenario.quick.levels, scenario.quick.duration
-    return scenario.model_copy(update={"contenders": names}), scenario.load.levels, scenario.load.duration
+        chosen = Plan(scenario.model_copy(update=update), scenario.quick.levels, scenario.quick.duration)
+    else:
+        update = {"contenders": names}
+        chosen = Plan(scenario.model_copy(update=update), scenario.load.levels, scenario.load.duration)
+    return for_targets(chosen) if args.targets else chosen
+
+
+def for_targets(chosen: Plan) -> Plan:
+    """The plan cut to what the scenario's targets need: the contenders they name and the load
+    reference (all of them for a target against the best or the others), the levels inside their
+    ranges, and the capacity search for the reference and the contenders of capacity targets."""
+    scenario, targets = chosen.scenario, chosen.scenario.targets
+    reference = scenario.load.reference
+    builtin = NAMES if scenario.contenders is None else scenario.contenders
+    names = (*builtin, *(extra.name for extra in scenario.extra_contenders))
+
+    def named(of: Sequence[Target]) -> set[str]:
+        if any(t.best is not None or t.than == report.OTHERS for t in of):
+            return set(names)
+        return {reference} | {n for t in of for n in (t.contender, t.than) if n is not None}
+
+    needed = named(targets)
+    searched = named([t for t in targets if t.metric == "capacity"]) & needed
+    levels = tuple(level for level in chosen.levels if any(t.covers(level) for t in targets))
+    update = {
+        "contenders": tuple(n for n in builtin if n in needed),
+        "extra_contenders": tuple(e for e in scenario.extra_contenders if e.name in needed),
+    }
+    return Plan(
+        scenario.model_copy(update=update),
+        levels,
+        chosen.duration,
+        tuple(n for n in names if n in searched),
+        {
+            "contenders": [n for n in names if n in needed],
+            "contenders_left_out": [n for n in names if n not in needed],
+            "levels": list(levels),
+            "levels_left_out": [level for level in chosen.levels if level not in levels],
+            "capacity_searched": [n for n in names if n in searched],
+        },
+    )
 
 
 def run_scenario(path: Path, args: argparse.Namespace, executor: ProcessPoolExecutor) -> list[report.Check]:
-    scenario, levels, duration = plan(load_scenario(path), args)
+    scenario, levels, duration, searched, targets_run = plan(load_scenario(path), args)
     built = contenders(scenario, args.profiles_dir, path.parent)
     names = {c.name for c in built}
     problems = [
@@ -96,13 +151,14 @@ def run_scenario(path: Path, args: argparse.Namespace, executor: ProcessPoolExec
         if scenario.load.reference not in names:
             raise ScenarioError(str(path), [p for p in problems if p[0] == "load.reference"])
     started = time.monotonic()
-    sweep = Sweep(scenario, built, executor, levels=levels, duration=duration)
+    sweep = Sweep(scenario, built, executor, levels=levels, duration=duration, searched=searched)
     results: list[VariantResult] = []
     for variant in scenario.variants or (None,):
         log.info("%s%s: %d contenders", scenario.name, f" / {variant.name}" if variant else "", len(built))
         results.append(sweep.variant(engine_configs(scenario, variant), variant))
     info = {
         "quick": args.quick,
+        "targets_run": targets_run,
         "duration_s": duration,
         "repeats": scenario.load.repeats,
         "runs": sweep.runs,

@@ -241,7 +241,7 @@ def contenders(scenario: Scenario, profiles_dir: Path, scenario_dir: Path | None
     base: dict[str, Any] = {"models": models_for(scenario)}
     base = merged(base, scenario.pointsman)
     wanted: list[tuple[str, str, dict[str, Any] | None]] = []
-    for i, name in enumerate(scenario.contenders or NAMES):
+    for i, name in enumerate(NAMES if scenario.contenders is None else scenario.contenders):
         where = f"contenders[{i}]"
         base_name = replicas(name)[0]
         if name in BASELINES or name in BOUNDS:

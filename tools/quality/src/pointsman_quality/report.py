@@ -61,18 +61,16 @@ class Check:
 
 def check(target: Target, result: VariantResult) -> list[Check]:
     """The target against one variant's results: one check for capacity, else one per level in range."""
-    if target.contender not in result.capacity:
-        return []
     if target.metric == "capacity":
+        if target.contender not in result.capacity:
+            return []
         values = {name: cap.rate for name, cap in result.capacity.items()}
         return [_compare(target, result.variant, None, values)]
-    checks = []
-    low, high = target.levels
-    for level, runs in result.levels:
-        if low - 1e-9 <= level <= high + 1e-9:
-            values = {name: metric(stats, target.metric) for name, stats in runs.items()}
-            checks.append(_compare(target, result.variant, level, values))
-    return checks
+    return [
+        _compare(target, result.variant, level, {n: metric(s, target.metric) for n, s in runs.items()})
+        for level, runs in result.levels
+        if target.contender in runs and target.covers(level)
+    ]
 
 
 def _compare(target: Target, variant: str, level: float | None, values: Mapping[str, float]) -> Check:
@@ -160,6 +158,7 @@ def full(
                 "variant": r.variant,
                 "capacity_rps": {n: round(c.rate, 2) for n, c in r.capacity.items()},
                 "capacity_is_lower_bound": sorted(n for n, c in r.capacity.items() if c.lower_bound_only),
+                "capacity_not_searched": [n for n in r.contenders if n not in r.capacity],
                 "capacity_search": _searches(r, method.p99_ttft_below),
                 "levels": [
                     {
@@ -204,7 +203,7 @@ def plot(scenario: Scenario, result: VariantResult, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    names = list(result.capacity)
+    names = result.contenders
     loads = [level for level, _ in result.levels]
     suffix = f"-{result.variant}" if result.variant else ""
     paths = []
@@ -236,6 +235,24 @@ def plot(scenario: Scenario, result: VariantResult, out: Path) -> list[Path]:
     return paths
 
 
+def _targets_run(run: Mapping[str, Any] | None) -> list[str]:
+    """The paragraph that says a report is a ``--targets`` run, and what it left out."""
+    if not run:
+        return []
+
+    def names(values: Sequence[Any]) -> str:
+        return ", ".join(f"`{v}`" if isinstance(v, str) else f"{v:g}" for v in values) or "none"
+
+    return [
+        "**A targets run** (`--targets`): only what the scenario's targets need was run, at the "
+        f"scenario's full length. Contenders run: {names(run['contenders'])}; left out: "
+        f"{names(run['contenders_left_out'])}. Load levels run: {names(run['levels'])}; left out: "
+        f"{names(run['levels_left_out'])}. Capacity searched for {names(run['capacity_searched'])} "
+        "only; the other contenders' capacity was not searched.",
+        "",
+    ]
+
+
 def markdown(
     scenario: Scenario,
     results: Sequence[VariantResult],
@@ -256,6 +273,7 @@ def markdown(
         f"({info.get('level_runs_that_were_probes', 0)} level runs were probes) in {info['wall_s']:.0f} s "
         "of wall time" + (" (QUICK: fewer levels, shorter runs)." if info.get("quick") else "."),
         "",
+        *_targets_run(info.get("targets_run")),
         f"How capacity was found: {method.text()}. Each contender's probes are listed beside its "
         "capacity (req/s, ✓ passed, ✗ failed), with any level run whose verdict contradicts it.",
         "",
@@ -291,6 +309,9 @@ def markdown(
                 for level, run in against.get(name, [])
             )
             lines.append(f"| {name} | {cap.rate:.1f}{at_least} | {times} | {probes} | {contrary or 'none'} |")
+        for name in result.contenders:
+            if name not in result.capacity:
+                lines.append(f"| {name} | not searched (--targets) | - | - | - |")
         lines.append("")
         for path in plots.get(result.variant, ()):
             lines += [f"![{path.stem}]({path.name})", ""]
@@ -343,7 +364,8 @@ def write(
     (out / f"quality-{scenario.name}.md").write_text(markdown(scenario, results, checks, plots, info) + "\n")
     document = full(scenario, results, checks, info)
     (out / f"quality-{scenario.name}.json").write_text(json.dumps(document, indent=1) + "\n")
-    if scenario.summary_variant is not None:
+    # A targets run has some levels and contenders only: not the shape other tools read.
+    if scenario.summary_variant is not None and not info.get("targets_run"):
         chosen = [r for r in results if r.variant == scenario.summary_variant]
         if chosen:
             text = json.dumps(summary(scenario, chosen[0]), indent=1) + "\n"

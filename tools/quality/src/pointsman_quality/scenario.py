@@ -234,6 +234,11 @@ class Target(_Model):
             raise ValueError("give `than` with one of atMost / atLeast, or `best`")
         return self
 
+    def covers(self, level: float) -> bool:
+        """Whether the target is checked at this load level (bounds inclusive, to float noise)."""
+        low, high = self.levels
+        return self.metric != "capacity" and low - 1e-9 <= level <= high + 1e-9
+
 
 class Quick(_Model):
     """What ``QUICK=1`` runs instead: fewer levels, shorter runs, the first variant only."""

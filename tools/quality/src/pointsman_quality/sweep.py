@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +43,13 @@ class Capacity:
 @dataclass(slots=True)
 class VariantResult:
     variant: str
-    capacity: dict[str, Capacity] = field(default_factory=dict)
+    capacity: dict[str, Capacity] = field(default_factory=dict)  # the contenders searched
     levels: list[tuple[float, dict[str, RunStats]]] = field(default_factory=list)
+
+    @property
+    def contenders(self) -> list[str]:
+        """Every contender run: those whose capacity was searched, then the others of the levels."""
+        return list(dict.fromkeys([*self.capacity, *(name for _, runs in self.levels for name in runs)]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +162,8 @@ def contradictions(result: VariantResult, bound: float) -> dict[str, list[tuple[
 
 
 class Sweep:
-    """Runs a scenario's variants; ``executor`` spreads the runs over processes."""
+    """Runs a scenario's variants; ``executor`` spreads the runs over processes. ``searched``: the
+    contenders whose capacity is searched (the load reference always is); default every one."""
 
     def __init__(
         self,
@@ -167,9 +173,11 @@ class Sweep:
         *,
         levels: Sequence[float],
         duration: float,
+        searched: Collection[str] | None = None,
     ) -> None:
         self._scenario = scenario
         self._contenders = {c.name: c for c in contenders}
+        self._searched = searched
         self._executor = executor
         self._levels = tuple(levels)
         self._duration = duration
@@ -225,7 +233,8 @@ class Sweep:
         if reference not in self._contenders:
             raise ValueError(f"the reference contender {reference!r} is not among the contenders")
         self._done = {}  # another variant, other engines
-        result.capacity = self.capacities(engines, names)
+        searched = [n for n in names if self._searched is None or n in self._searched or n == reference]
+        result.capacity = self.capacities(engines, searched)
         base = result.capacity[reference].rate
         jobs = [(self._contenders[n], engines, level * base) for level in self._levels for n in names]
         stats = iter(self._runs(jobs))
