@@ -257,13 +257,30 @@ def test_least_work(name, weights, pods, pending, expected):
             ["near"],
         ),
         (
-            "where the adapter runs, not where it only waits for a slot",
+            "where the adapter runs, not where it waits for a slot others hold",
             [
                 busy(0, 100, max_lora=2, adapters={"x"}, address="runs"),
                 busy(0, 10, max_lora=1, adapters={"y"}, waiting_adapters={"x"}, address="waits"),
                 busy(0, 100, max_lora=2, address="free"),
             ],
             ["runs"],
+        ),
+        (
+            "where it waits with a slot free it is about to run: kept",
+            [
+                busy(0, 100, max_lora=2, adapters={"x"}, address="runs"),
+                busy(0, 10, max_lora=2, adapters={"y"}, waiting_adapters={"x"}, address="queued"),
+                busy(0, 100, max_lora=3, address="free"),
+            ],
+            ["runs", "queued"],
+        ),
+        (
+            "it only waits for a slot where it is: a free slot first",
+            [
+                busy(0, 10, max_lora=1, adapters={"y"}, waiting_adapters={"x"}, address="waits"),
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["free"],
         ),
         (
             "it only waits wherever it is: those pods",

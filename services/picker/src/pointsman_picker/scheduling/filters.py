@@ -18,6 +18,7 @@ from pointsman_picker.scheduling.indexed import facts_of
 from pointsman_picker.scheduling.prefix_cache import NO_MATCH, PREFIX_MATCH
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
+from pointsman_shared.snapshot import PodSnapshot
 
 NO_PENDING: Mapping[str, float] = MappingProxyType({})
 
@@ -126,12 +127,12 @@ class LoraSpreadAffinity(Filter):
         facts = facts_of(pods)
         target = request.target_model
         near, free = facts.lora(pods, target)
-        if len(near) > 1:
-            # Where the adapter only waits, it waits for a slot that other adapters' traffic can hold
-            # for seconds: while some pod runs it, more of its requests go there, not into that queue.
-            running = [i for i in near if target in pods[i].running_adapters]
-            if running and len(running) < len(near):
-                near = running
+        # A pod where the adapter only waits while more adapters than its slots are active: it waits
+        # until one of the others has no request left, which their steady traffic can put off for
+        # seconds. More of its requests go to the pods that can run it, or a free slot, before there.
+        held = [i for i in near if target not in pods[i].running_adapters and _over_slots(pods[i])]
+        if held:
+            near = [i for i in near if i not in held]
         if near and free:
             mean = facts.total_load(pods) / len(pods)
             busy = facts.least_load(pods, near) > mean * (1.0 + self.spread_ratio) + self.spread_margin
@@ -141,7 +142,11 @@ class LoraSpreadAffinity(Filter):
                 return facts.take(pods, free)
             if rng.random() >= self.threshold:
                 near = free
-        return facts.take(pods, near or free)
+        return facts.take(pods, near or free or held)
+
+
+def _over_slots(pod: PodSnapshot) -> bool:
+    return len(pod.active_adapters) > pod.max_lora
 
 
 @dataclass(frozen=True, slots=True)
