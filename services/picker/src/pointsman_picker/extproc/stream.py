@@ -52,6 +52,7 @@ REQUEST_ID_HEADER = "x-request-id"
 MODELS_PATH = "/v1/models"
 _MODE = processing_mode_pb2.ProcessingMode
 _WHOLE_BODY_MODES = frozenset({_MODE.BUFFERED, _MODE.BUFFERED_PARTIAL})
+_FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
 _EVENT_STREAM = "text/event-stream"
 
 # Load and availability answers (429, 503) can come by the thousand: metrics count them, DEBUG logs them.
@@ -205,7 +206,8 @@ class RequestStream:
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse | None:
         """The answer to one response body chunk, as :meth:`handle` gives it (None: no answer); the
         native server calls it with a chunk read straight off the wire (``response_chunk.py``)."""
-        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
+        phase = self.phase
+        if phase is Phase.FAILED or phase is Phase.ANSWERED or phase is Phase.QUEUED:
             return None
         return self._on_response_chunk(chunk, end_of_stream)
 
@@ -226,7 +228,7 @@ class RequestStream:
                 return [responses.immediate(200, listing, details="pointsman_models")]
             return self._decide(None)
         self.phase = Phase.BODY
-        if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
+        if self._body_mode == _FULL_DUPLEX:
             return []  # the header answer carries the route, so it waits for the whole body
         return [responses.request_headers_continue()]
 
@@ -347,7 +349,7 @@ class RequestStream:
                     metadata_namespace=settings.metadata_namespace,
                 )
             ]
-        if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
+        if self._body_mode == _FULL_DUPLEX:
             return [
                 responses.request_headers_routed(
                     routing.endpoint,
@@ -405,7 +407,7 @@ class RequestStream:
             usage.feed(chunk)
         if end_of_stream:
             self._complete()
-        if self._response_body_mode == _MODE.FULL_DUPLEX_STREAMED:
+        if self._response_body_mode == _FULL_DUPLEX:
             return responses.response_body_echo(chunk, end_of_stream)
         return responses.RESPONSE_BODY_CONTINUE
 
