@@ -189,7 +189,8 @@ class RequestStream:
         kind = message.WhichOneof("request")
         if kind == "response_body":  # first: a streamed response sends one per token
             body = message.response_body
-            return [self._on_response_chunk(body.body, body.end_of_stream)]
+            answer = self.response_chunk(body.body, body.end_of_stream)
+            return [answer] if answer is not None else []
         if kind == "request_headers":
             return self._on_headers(message.request_headers)
         if kind == "request_body":
@@ -204,12 +205,20 @@ class RequestStream:
         return []
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse | None:
-        """The answer to one response body chunk, as :meth:`handle` gives it (None: no answer); the
-        native server calls it with a chunk read straight off the wire (``response_chunk.py``)."""
+        """The answer to one response body chunk (None: no answer), for :meth:`handle` and for the
+        native server, which reads the chunk straight off the wire (``response_chunk.py``)."""
         phase = self.phase
         if phase is Phase.FAILED or phase is Phase.ANSWERED or phase is Phase.QUEUED:
             return None
-        return self._on_response_chunk(chunk, end_of_stream)
+        self._response_bytes += len(chunk)
+        usage = self._usage
+        if usage is not None:
+            usage.feed(chunk)
+        if end_of_stream:
+            self._complete()
+        if self._response_body_mode == _FULL_DUPLEX:
+            return responses.response_body_echo(chunk, end_of_stream)
+        return responses.RESPONSE_BODY_CONTINUE
 
     def _on_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.HEADERS:
@@ -399,17 +408,6 @@ class RequestStream:
             self._body_declined = True
             return [responses.RESPONSE_HEADERS_NO_BODY]
         return [responses.response_headers_continue()]
-
-    def _on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-        self._response_bytes += len(chunk)
-        usage = self._usage
-        if usage is not None:
-            usage.feed(chunk)
-        if end_of_stream:
-            self._complete()
-        if self._response_body_mode == _FULL_DUPLEX:
-            return responses.response_body_echo(chunk, end_of_stream)
-        return responses.RESPONSE_BODY_CONTINUE
 
     def closed(self) -> None:
         """The stream ended. With response headers shown and the body not (response body mode NONE),

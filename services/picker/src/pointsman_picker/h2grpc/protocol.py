@@ -333,9 +333,12 @@ class H2Protocol:
         end = len(view)
         stream_id = 0
         streams = self._streams
+        unpack = wire.unpack_frame_header
         try:
             while self._turn_left > 0 and end - at >= wire.FRAME_HEADER_BYTES:
-                length, kind, flags, stream_id = wire.frame_header(view, at)
+                high, low, kind, flags, stream_id = unpack(view, at)
+                length = high << 16 | low
+                stream_id &= wire.MAX_WINDOW
                 if length > MAX_FRAME:
                     raise H2ConnectionError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
                 start = at + wire.FRAME_HEADER_BYTES
@@ -453,7 +456,7 @@ class H2Protocol:
         length = end - start
         if length < 5:
             return False
-        compressed, size = wire.grpc_prefix(view, start)
+        compressed, size = wire.unpack_grpc_prefix(view, start)
         if (
             compressed
             or size != length - 5
