@@ -28,7 +28,7 @@ from pathlib import Path
 ANSWER = b"\x00\x00\x05\x00\x00\x00\x00\x00\x01" + b"\x00\x00\x00\x00\x02\x2a\x00"  # a DATA frame's size
 
 
-def serve(port_file: Path, size: int) -> None:
+def serve(size: int) -> None:
     import uvloop
 
     class Answer(asyncio.Protocol):
@@ -45,7 +45,7 @@ def serve(port_file: Path, size: int) -> None:
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", 0)
-        port_file.write_text(str(server.sockets[0].getsockname()[1]))
+        print(server.sockets[0].getsockname()[1], flush=True)  # the port, for the client
         await asyncio.Event().wait()
 
     uvloop.run(main())
@@ -62,17 +62,16 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=200, help="bytes a message")
     parser.add_argument("--gap", type=float, default=0.0002, help="seconds between sends")
     parser.add_argument("--batch", type=int, default=1, help="messages a write")
-    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve is not None:
-        serve(args.serve, args.size)
+    if args.serve:
+        serve(args.size)
         return 0
-    port_file = Path(f"/tmp/wakeup-floor-{os.getpid()}")
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--size", str(args.size)])
+    argv = [sys.executable, __file__, "--serve", "--size", str(args.size)]
+    server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
-        while not port_file.exists() or not port_file.read_text():
-            time.sleep(0.05)
-        client = socket.create_connection(("127.0.0.1", int(port_file.read_text())))
+        assert server.stdout is not None
+        client = socket.create_connection(("127.0.0.1", int(server.stdout.readline())))
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         message = b"m" * args.size * args.batch
         answer = len(ANSWER) * args.batch
@@ -88,7 +87,7 @@ def main() -> int:
         user_after, system_after = cpu_ticks(server.pid)
     finally:
         server.kill()
-        port_file.unlink(missing_ok=True)
+        server.wait()
     tick = 1e6 / os.sysconf("SC_CLK_TCK")
     messages = rounds * args.batch
     result = {
