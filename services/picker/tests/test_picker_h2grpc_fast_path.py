@@ -63,6 +63,12 @@ class Fresh(Constant):
             self._stream.finish()
 
 
+class Large(Constant):
+    """Answers with a long constant (as a routed request's body): framed afresh, never kept."""
+
+    answer = b"b" * 100_000
+
+
 class Empty(Constant):
     """Answers with the empty message (b"" is one object: the same every time too)."""
 
@@ -163,7 +169,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("reads", CASES.values(), ids=CASES.keys())
-@pytest.mark.parametrize("method", [Constant, Fresh, Empty, Echo])
+@pytest.mark.parametrize("method", [Constant, Fresh, Empty, Large, Echo])
 def test_the_shortcut_answers_as_the_whole_way_does(reads, method):
     # A stream window of 128 bytes: "past the stream's window" passes it on the third message.
     assert_same(reads, method=method, limits=Limits(initial_window_size=128))
@@ -226,3 +232,12 @@ def test_any_frames_cut_into_any_reads_come_out_the_same(sequence, cuts, method)
         at += cut
     reads.append(stream[at:])
     assert_same(reads, method=method, limits=Limits(initial_window_size=160))
+
+
+@pytest.mark.parametrize(("method", "kept"), [(Constant, True), (Large, False)])
+def test_only_a_short_answer_is_kept_framed_by_its_stream(method, kept):
+    # Streams live as long as their response: a routed body kept framed would be held that long.
+    peer = Peer(method=method)
+    peer.connect()
+    peer.send(opening(1), message(1, b"a"))
+    assert (peer.protocol._streams[1].answer is not None) is kept

@@ -62,6 +62,9 @@ _CONNECTION_SPECIFIC = frozenset(
     {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
 )
 _MESSAGE_PATH = 200  # of an unknown method's path, echoed in its grpc-message
+# The longest answer a stream keeps framed for its next send: the constants sent per token are a few
+# bytes; a routed request's answer (its body) is neither sent twice nor worth holding for the stream.
+_CACHED_ANSWER = 256
 
 
 class _Unexpected(Exception):
@@ -110,8 +113,8 @@ class _Stream:
         self.trailers: bytes | None = None  # waiting behind the outbox
         self.remote_closed = False  # the peer ended its side (END_STREAM)
         self.finished = False
-        # (payload, its gRPC message, its DATA frame) of the last answer: a method that answers every
-        # message with the same bytes object (a constant) has it framed once.
+        # (payload, its gRPC message, its DATA frame) of the last short answer: a method that answers
+        # every message with the same bytes object (a constant) has it framed once.
         self.answer: tuple[bytes, bytes, bytes] | None = None
 
     def send(self, payload: bytes) -> None:
@@ -122,10 +125,14 @@ class _Stream:
             self.headers_sent = True
             connection._write(wire.frame(FrameType.HEADERS, END_HEADERS, self.id, wire.RESPONSE_HEADERS))
         answer = self.answer
-        if answer is None or answer[0] is not payload:
-            message = wire.grpc_message(payload)
-            answer = self.answer = (payload, message, wire.frame(FrameType.DATA, 0, self.id, message))
-        if connection._sending.send(self, answer[1], answer[2]):
+        if answer is not None and answer[0] is payload:
+            message, framed = answer[1], answer[2]
+        else:
+            message, framed = wire.grpc_message(payload), b""
+            if len(payload) <= _CACHED_ANSWER:
+                framed = wire.frame(FrameType.DATA, 0, self.id, message)
+                self.answer = (payload, message, framed)
+        if connection._sending.send(self, message, framed):
             connection._queued_too_much()
         if not connection._reading:
             connection._output_waiting()
