@@ -1026,20 +1026,25 @@ def headline(alone: dict[str, Any], head: dict[str, Any], streams: dict[str, Any
         "added_p99_ms": round(fixed["p99_ms"] - base["p99_ms"], 3),
     }
     if streams is not None:
-        run = streams[SHIPPED.name]
-        unstreamed = streams["requests_only"]
-        out["streamed"] = {
-            "cpu_us_per_request": run["cpu_us_per_request"]["picker"],
-            "cpu_us_per_event": run["cpu_us_per_event"]["picker"],
-            "cpu_us_per_request_unseen_responses": unstreamed["cpu_us_per_request"]["picker"],
-            "no_usage_cpu_us_per_request": streams["shipped_no_usage"]["cpu_us_per_request"]["picker"],
-            "no_usage_cpu_us_per_event": streams["shipped_no_usage"]["cpu_us_per_event"]["picker"],
-            "itl_p50_ms": run["itl_p50_ms"],
-            "itl_p99_ms": run["itl_p99_ms"],
-            "direct_itl_p50_ms": streams["direct"]["itl_p50_ms"],
-            "direct_itl_p99_ms": streams["direct"]["itl_p99_ms"],
-        }
+        out["streamed"] = streamed_headline(streams)
     return out
+
+
+def streamed_headline(streams: dict[str, Any]) -> dict[str, Any]:
+    """The top-level figures of the streamed workload (one server's runs), in the shipped mode."""
+    run = streams[SHIPPED.name]
+    unstreamed = streams["requests_only"]
+    return {
+        "cpu_us_per_request": run["cpu_us_per_request"]["picker"],
+        "cpu_us_per_event": run["cpu_us_per_event"]["picker"],
+        "cpu_us_per_request_unseen_responses": unstreamed["cpu_us_per_request"]["picker"],
+        "no_usage_cpu_us_per_request": streams["shipped_no_usage"]["cpu_us_per_request"]["picker"],
+        "no_usage_cpu_us_per_event": streams["shipped_no_usage"]["cpu_us_per_event"]["picker"],
+        "itl_p50_ms": run["itl_p50_ms"],
+        "itl_p99_ms": run["itl_p99_ms"],
+        "direct_itl_p50_ms": streams["direct"]["itl_p50_ms"],
+        "direct_itl_p99_ms": streams["direct"]["itl_p99_ms"],
+    }
 
 
 def _cell(value: Any, unit: str = "") -> str:
@@ -1190,6 +1195,12 @@ def main() -> int:
         help="only the tracing off/on runs, into detail.tracing of the existing --output",
     )
     parser.add_argument(
+        "--only-streams",
+        action="store_true",
+        help="only the streamed workload (every --servers, with --against's beside), into detail.streams "
+        "and the top-level streamed figures of the existing --output",
+    )
+    parser.add_argument(
         "--only-prefix",
         action="store_true",
         help="only the 4 KB-prompt runs with and without prefix scoring, into detail.prefix of the "
@@ -1221,6 +1232,9 @@ def main() -> int:
         return only_tracing(bench, pods, backend, run_dir, headline_server, args.output)
     if args.only_prefix:
         return only_prefix(bench, pods, backend, run_dir, headline_server, args.output)
+    if args.only_streams:
+        backend.stop(5)
+        return only_streams(bench, servers, args, run_dir, headline_server)
     try:
         alone = bench.envoy_alone(pods)
         stack = Pickers(pods, run_dir, args.against)
@@ -1235,17 +1249,7 @@ def main() -> int:
     finally:
         backend.stop(5)
     if not args.no_streams:
-        sse_ports = [free_port() for _ in range(args.pods)]
-        sse_pods = start_sse_pods(sse_ports, run_dir)
-        try:
-            stack = Pickers(sse_ports, run_dir, args.against)
-            try:
-                for server in servers:
-                    streams[server] = bench.streams(stack, sse_pods, sse_ports, server)
-            finally:
-                stack.stop()
-        finally:
-            sse_pods.stop(5)
+        streams = run_streams(bench, servers, args.pods, run_dir, args.against)
 
     result: dict[str, Any] = {
         "percentile_rule": PERCENTILE_RULE,
@@ -1337,6 +1341,61 @@ def only_tracing(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(traced["summary"], indent=2), "busy:", traced["busy_runs"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def run_streams(
+    bench: Bench, servers: Sequence[str], pods: int, run_dir: Path, against: Path | None
+) -> dict[str, Any]:
+    """The streamed workload of each server (and its ``@before``), over SSE pods of their own."""
+    streams: dict[str, Any] = {}
+    sse_ports = [free_port() for _ in range(pods)]
+    sse_pods = start_sse_pods(sse_ports, run_dir)
+    try:
+        stack = Pickers(sse_ports, run_dir, against)
+        try:
+            for server in servers:
+                streams[server] = bench.streams(stack, sse_pods, sse_ports, server)
+        finally:
+            stack.stop()
+    finally:
+        sse_pods.stop(5)
+    return streams
+
+
+def only_streams(
+    bench: Bench, servers: Sequence[str], args: argparse.Namespace, run_dir: Path, server: str
+) -> int:
+    """``--only-streams``: the streamed block alone, written into ``output``'s detail.streams and its
+    top-level ``streamed`` (and its markdown, when ``output`` holds a full run)."""
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    streams = run_streams(bench, servers, args.pods, run_dir, args.against)
+    output: Path = args.output
+    result = json.loads(output.read_text()) if output.is_file() else {"detail": {}}
+    result.setdefault("detail", {})["streams"] = streams
+    result["streamed"] = streamed_headline(streams[server])
+    result["detail"]["streams_load_average"] = {
+        "start": load_at_start,
+        "end": [round(x, 2) for x in os.getloadavg()],
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    if "envoy_alone" in result["detail"]:
+        output.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    summary = {
+        name: {
+            setup: (run["cpu_us_per_request"].get("picker"), run["cpu_us_per_event"].get("picker"))
+            for setup, run in setups.items()
+            if "cpu_us_per_event" in run
+        }
+        for name, setups in streams.items()
+    }
+    print(
+        json.dumps(
+            {"picker_cpu_us_per_request_and_event": summary} | result["detail"]["streams_load_average"]
+        )
+    )
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 

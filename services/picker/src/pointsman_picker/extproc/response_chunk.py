@@ -40,31 +40,42 @@ def response_body(payload: bytes) -> tuple[bytes, bool] | None:
     if not payload or payload[0] != _RESPONSE_BODY_TAG:
         return None
     try:
-        # Lengths under 128 (a token's event is longer, Envoy's empty metadata shorter) are one byte.
+        # A token's event takes a length of two bytes, Envoy's empty metadata one: those are read
+        # in place, longer ones by _varint.
         length = payload[1]
         at = 2
         if length >= 0x80:
-            length, at = _varint(payload, 1)
+            if payload[2] < 0x80:
+                length = (length & 0x7F) | payload[2] << 7
+                at = 3
+            else:
+                length, at = _varint(payload, 1)
         end = at + length
-        if end != len(payload):
+        size = len(payload)
+        if end != size and not (
+            end + 2 == size and payload[end] == _METADATA_CONTEXT_TAG and not payload[end + 1]
+        ):
             # Only metadata_context may follow, and nothing after it.
-            if end > len(payload) or payload[end] != _METADATA_CONTEXT_TAG:
+            if end > size or payload[end] != _METADATA_CONTEXT_TAG:
                 return None
-            size, after = _varint(payload, end + 1)
-            if after + size != len(payload):
+            length, after = _varint(payload, end + 1)
+            if after + length != size:
                 return None
         chunk = b""
         end_of_stream = False
         if at < end and payload[at] == _BODY_TAG:
-            size = payload[at + 1]
-            if size < 0x80:
+            length = payload[at + 1]
+            if length < 0x80:
                 at += 2
+            elif payload[at + 2] < 0x80:
+                length = (length & 0x7F) | payload[at + 2] << 7
+                at += 3
             else:
-                size, at = _varint(payload, at + 1)
-            if at + size > end:
+                length, at = _varint(payload, at + 1)
+            if at + length > end:
                 return None
-            chunk = payload[at : at + size]
-            at += size
+            chunk = payload[at : at + length]
+            at += length
         if at < end and payload[at] == _END_OF_STREAM_TAG:
             flag, at = _varint(payload, at + 1)
             end_of_stream = flag != 0

@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.message import DecodeError
 
 from pointsman_picker.extproc.response_chunk import response_body
-from pointsman_picker.extproc.responses import serialized
+from pointsman_picker.extproc.responses import RESPONSE_BODY_CONTINUE, serialized
 from pointsman_picker.extproc.stream import (
     Clock,
     CompletionSink,
@@ -32,6 +32,7 @@ from pointsman_picker.h2grpc.calls import Method, ServerStream, Status
 from pointsman_picker.routing import Routing
 
 PROCESS_PATH = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+_CONTINUE = serialized(RESPONSE_BODY_CONTINUE)
 
 
 class ExtProcService:
@@ -140,7 +141,9 @@ class _ProcessCall:
         chunk = response_body(payload)
         if chunk is not None:
             answer = self._stream.response_chunk(*chunk)
-            if answer is not None:
+            if answer is RESPONSE_BODY_CONTINUE:
+                self._server_stream.send(_CONTINUE)  # the same bytes object each time: framed once
+            elif answer is not None:
                 self._server_stream.send(serialized(answer))
             return
         try:

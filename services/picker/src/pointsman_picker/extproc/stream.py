@@ -52,6 +52,7 @@ REQUEST_ID_HEADER = "x-request-id"
 MODELS_PATH = "/v1/models"
 _MODE = processing_mode_pb2.ProcessingMode
 _WHOLE_BODY_MODES = frozenset({_MODE.BUFFERED, _MODE.BUFFERED_PARTIAL})
+_FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
 _EVENT_STREAM = "text/event-stream"
 
 # Load and availability answers (429, 503) can come by the thousand: metrics count them, DEBUG logs them.
@@ -188,7 +189,8 @@ class RequestStream:
         kind = message.WhichOneof("request")
         if kind == "response_body":  # first: a streamed response sends one per token
             body = message.response_body
-            return [self._on_response_chunk(body.body, body.end_of_stream)]
+            answer = self.response_chunk(body.body, body.end_of_stream)
+            return [answer] if answer is not None else []
         if kind == "request_headers":
             return self._on_headers(message.request_headers)
         if kind == "request_body":
@@ -203,11 +205,20 @@ class RequestStream:
         return []
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse | None:
-        """The answer to one response body chunk, as :meth:`handle` gives it (None: no answer); the
-        native server calls it with a chunk read straight off the wire (``response_chunk.py``)."""
-        if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED:
+        """The answer to one response body chunk (None: no answer), for :meth:`handle` and for the
+        native server, which reads the chunk straight off the wire (``response_chunk.py``)."""
+        phase = self.phase
+        if phase is Phase.FAILED or phase is Phase.ANSWERED or phase is Phase.QUEUED:
             return None
-        return self._on_response_chunk(chunk, end_of_stream)
+        self._response_bytes += len(chunk)
+        usage = self._usage
+        if usage is not None:
+            usage.feed(chunk)
+        if end_of_stream:
+            self._complete()
+        if self._response_body_mode == _FULL_DUPLEX:
+            return responses.response_body_echo(chunk, end_of_stream)
+        return responses.RESPONSE_BODY_CONTINUE
 
     def _on_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.HEADERS:
@@ -226,7 +237,7 @@ class RequestStream:
                 return [responses.immediate(200, listing, details="pointsman_models")]
             return self._decide(None)
         self.phase = Phase.BODY
-        if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
+        if self._body_mode == _FULL_DUPLEX:
             return []  # the header answer carries the route, so it waits for the whole body
         return [responses.request_headers_continue()]
 
@@ -347,7 +358,7 @@ class RequestStream:
                     metadata_namespace=settings.metadata_namespace,
                 )
             ]
-        if self._body_mode == _MODE.FULL_DUPLEX_STREAMED:
+        if self._body_mode == _FULL_DUPLEX:
             return [
                 responses.request_headers_routed(
                     routing.endpoint,
@@ -397,17 +408,6 @@ class RequestStream:
             self._body_declined = True
             return [responses.RESPONSE_HEADERS_NO_BODY]
         return [responses.response_headers_continue()]
-
-    def _on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-        self._response_bytes += len(chunk)
-        usage = self._usage
-        if usage is not None:
-            usage.feed(chunk)
-        if end_of_stream:
-            self._complete()
-        if self._response_body_mode == _MODE.FULL_DUPLEX_STREAMED:
-            return responses.response_body_echo(chunk, end_of_stream)
-        return responses.RESPONSE_BODY_CONTINUE
 
     def closed(self) -> None:
         """The stream ended. With response headers shown and the body not (response body mode NONE),

@@ -62,6 +62,9 @@ _CONNECTION_SPECIFIC = frozenset(
     {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
 )
 _MESSAGE_PATH = 200  # of an unknown method's path, echoed in its grpc-message
+# The longest answer a stream keeps framed for its next send: the constants sent per token are a few
+# bytes; a routed request's answer (its body) is neither sent twice nor worth holding for the stream.
+_CACHED_ANSWER = 256
 
 
 class _Unexpected(Exception):
@@ -76,6 +79,7 @@ class _Stream:
     """One call's HTTP/2 stream; its response side is the method's ``ServerStream``."""
 
     __slots__ = (
+        "answer",
         "call",
         "connection",
         "finished",
@@ -109,6 +113,9 @@ class _Stream:
         self.trailers: bytes | None = None  # waiting behind the outbox
         self.remote_closed = False  # the peer ended its side (END_STREAM)
         self.finished = False
+        # (payload, its gRPC message, its DATA frame) of the last short answer: a method that answers
+        # every message with the same bytes object (a constant) has it framed once.
+        self.answer: tuple[bytes, bytes, bytes] | None = None
 
     def send(self, payload: bytes) -> None:
         if self.finished:
@@ -117,7 +124,15 @@ class _Stream:
         if not self.headers_sent:
             self.headers_sent = True
             connection._write(wire.frame(FrameType.HEADERS, END_HEADERS, self.id, wire.RESPONSE_HEADERS))
-        if connection._sending.send(self, wire.grpc_message(payload)):
+        answer = self.answer
+        if answer is not None and answer[0] is payload:
+            message, framed = answer[1], answer[2]
+        else:
+            message, framed = wire.grpc_message(payload), b""
+            if len(payload) <= _CACHED_ANSWER:
+                framed = wire.frame(FrameType.DATA, 0, self.id, message)
+                self.answer = (payload, message, framed)
+        if connection._sending.send(self, message, framed):
             connection._queued_too_much()
         if not connection._reading:
             connection._output_waiting()
@@ -324,15 +339,28 @@ class H2Protocol:
             at = len(wire.PREFACE)
         end = len(view)
         stream_id = 0
+        streams = self._streams
+        unpack = wire.unpack_frame_header
         try:
             while self._turn_left > 0 and end - at >= wire.FRAME_HEADER_BYTES:
-                length, kind, flags, stream_id = wire.frame_header(view, at)
+                high, low, kind, flags, stream_id = unpack(view, at)
+                length = high << 16 | low
+                stream_id &= wire.MAX_WINDOW
                 if length > MAX_FRAME:
                     raise H2ConnectionError(f"frame of {length} bytes", ErrorCode.FRAME_SIZE_ERROR)
                 start = at + wire.FRAME_HEADER_BYTES
                 if end - start < length:
                     break
                 at = start + length
+                # The common frame (a streamed response's token): DATA holding one whole message on an
+                # open stream, handed to its call without a copy of the frame or the frame handlers.
+                if (
+                    not kind
+                    and not flags
+                    and (stream := streams.get(stream_id)) is not None
+                    and self._whole_message(stream, view, start, at)
+                ):
+                    continue
                 self._handle(kind, flags, stream_id, bytes(view[start:at]))
         except H2ConnectionError:
             raise
@@ -426,6 +454,44 @@ class H2Protocol:
             grant = receiving.stream_grant(stream)
             if grant:
                 self._write(wire.window_update(stream.id, grant))
+
+    def _whole_message(self, stream: _Stream, view: bytes | bytearray, start: int, end: int) -> bool:
+        """A DATA frame without flags at ``view[start:end]`` on ``stream``: when it holds exactly one
+        uncompressed message within the limits and the windows, on a stream with nothing pending, it
+        is handled as :meth:`_data` would handle it and True is returned; else False, with nothing
+        changed (the frame then goes the whole way)."""
+        length = end - start
+        if length < 5:
+            return False
+        compressed, size = wire.unpack_grpc_prefix(view, start)
+        if (
+            compressed
+            or size != length - 5
+            or size > self._max_message
+            or length > stream.recv_window
+            or stream.remote_closed
+            or stream.finished
+            or stream.inbox
+            or stream.reserved
+            or self._header_block is not None
+            or (call := stream.call) is None
+        ):
+            return False
+        receiving = self._receiving
+        increment = receiving.connection_read(length)
+        if increment:
+            self._write(wire.window_update(0, increment))
+        stream.recv_window -= length
+        try:
+            call.message(bytes(view[start + 5 : end]))
+        except Exception:
+            log.exception("gRPC method failed on stream %d", stream.id)
+            self._refuse(stream, Status.INTERNAL, "internal error")
+        if not stream.finished:
+            grant = receiving.stream_grant(stream)
+            if grant:
+                self._write(wire.window_update(stream.id, grant))
+        return True
 
     def _data_on_closed(self, stream_id: int) -> None:
         if self._is_idle(stream_id):

@@ -63,9 +63,10 @@ class SendScheduler(Generic[S]):
         self._stream_blocked: dict[int, S] = {}  # streams waiting on their own window
         self.queued = 0  # response bytes in the streams' outboxes, counted
 
-    def send(self, stream: S, message: bytes) -> bool:
+    def send(self, stream: S, message: bytes, framed: bytes = b"") -> bool:
         """Send ``message`` on ``stream`` as far as the windows allow; True when more bytes wait than
-        ``max_queued_bytes`` (the peer does not read: the connection should end)."""
+        ``max_queued_bytes`` (the peer does not read: the connection should end). ``framed``, when
+        given, is ``message`` as one DATA frame of ``stream``, written as it is if it fits."""
         outbox = stream.outbox
         if not outbox:
             # The common case, an answer that fits both windows and one frame: written at once.
@@ -77,7 +78,7 @@ class SendScheduler(Generic[S]):
             ):
                 stream.send_delta -= size
                 self.window -= size
-                self._write(wire.frame(FrameType.DATA, 0, stream.id, message))
+                self._write(framed or wire.frame(FrameType.DATA, 0, stream.id, message))
                 return False
         outbox.append(message)
         if len(outbox) > 1:  # waiting for window already: this waits behind

@@ -97,6 +97,11 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return _FRAME_HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
 
 
+# The raw header: (length >> 16, length & 0xFFFF, type, flags, stream id with its reserved bit), for a
+# read loop that cannot spare frame_header's call per frame.
+unpack_frame_header: Final = _FRAME_HEADER.unpack_from
+
+
 def frame_header(data: bytes | bytearray, at: int) -> tuple[int, int, int, int]:
     """(length, type, flags, stream id) of the frame header at ``at``."""
     high, low, kind, flags, stream_id = _FRAME_HEADER.unpack_from(data, at)
@@ -146,6 +151,9 @@ def unpad(payload: bytes, flags: int) -> bytes:
 def grpc_message(payload: bytes) -> bytes:
     """A length-prefixed, uncompressed gRPC message."""
     return _GRPC_PREFIX.pack(0, len(payload)) + payload
+
+
+unpack_grpc_prefix: Final = _GRPC_PREFIX.unpack_from  # grpc_prefix without its call
 
 
 def grpc_prefix(data: bytes | bytearray, at: int) -> tuple[int, int]:
