@@ -99,7 +99,7 @@ class PickerApp:
         self.peer_sync: RedisPeerSync | None = None
         if config.flow_control.enabled:
             flow_metrics = FlowControlMetrics(registry)
-            peers = None
+            peers = holders = None
             if share:
                 self.peer_sync = RedisPeerSync(
                     config.redis.target,
@@ -109,8 +109,10 @@ class PickerApp:
                     horizon=config.picker.max_staleness,
                     clock=clock,
                 )
-                peers = self.peer_sync.extra
-            controller = FlowController(self.director, config, clock=clock, metrics=flow_metrics, peers=peers)
+                peers, holders = self.peer_sync.extra, self.peer_sync.holders
+            controller = FlowController(
+                self.director, config, clock=clock, metrics=flow_metrics, peers=peers, holders=holders
+            )
             registry.register(FlowCollector(controller, flow_metrics.flows, config.pool.name))
             self.flow = FlowGate(controller)
         source.watch_cluster(self.apply_cluster)

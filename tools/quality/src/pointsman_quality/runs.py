@@ -131,6 +131,7 @@ def run(
                 router,
                 on_finish=_releaser(trace, router),
                 dispatch=getattr(router, "dispatch", None),
+                wake=getattr(router, "wake", None),
                 on_start=reader,
             )
         )
