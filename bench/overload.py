@@ -104,7 +104,6 @@ def run(
         router,
         on_finish=lambda index, served: router.finished(trace[index]),
         dispatch=dispatch,
-        wake=router.wake,
     )
 
 

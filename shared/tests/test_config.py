@@ -111,35 +111,11 @@ def _problems(doc: dict[str, Any], environ: dict[str, str] | None = None) -> lis
         ({"picker": {"prefillTokensPerSecond": 0}}, "picker.prefillTokensPerSecond", "greater than 0"),
         ({"pool": {"nme": "typo"}}, "pool.nme", "not permitted"),
         ({"pool": {"kubernetes": {"apiVersion": "v9"}}}, "pool.kubernetes.apiVersion", "v1alpha2"),
-        (
-            {"flowControl": {"dispatch": {"interval": "-5ms"}}},
-            "flowControl.dispatch.interval",
-            "not a duration",
-        ),
-        (
-            {"flowControl": {"dispatch": {"burst": 0}}},
-            "flowControl.dispatch.burst",
-            "greater than or equal to 1",
-        ),
     ],
 )
 def test_errors_name_the_path(doc: dict[str, Any], path: str, message: str) -> None:
     problems = _problems(doc)
     assert any(p == path and message in m for p, m in problems), problems
-
-
-@pytest.mark.parametrize(
-    ("dispatch", "expected"),
-    [
-        pytest.param({}, (0.0, 1), id="unpaced-by-default"),
-        pytest.param({"interval": "5ms"}, (0.005, 1), id="one-each-5ms"),
-        pytest.param({"interval": "0s", "burst": 3}, (0.0, 3), id="zero-is-unpaced"),
-        pytest.param({"interval": 0.25, "burst": 2}, (0.25, 2), id="seconds-as-a-number"),
-    ],
-)
-def test_flow_control_dispatch_pace(dispatch: dict[str, Any], expected: tuple[float, int]) -> None:
-    pace = parse_config({"flowControl": {"dispatch": dispatch}}).flow_control.dispatch
-    assert (pace.interval, pace.burst) == expected
 
 
 def test_kubernetes_discovery_reads_the_v1_pool_by_default() -> None:

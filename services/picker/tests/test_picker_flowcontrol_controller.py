@@ -1,6 +1,6 @@
 """The flow controller with a real director: hold while saturated, dispatch in order as room frees,
-at the configured pace, bounds, expiry (429 sheddable, 503 the rest), cancellation, drain; and a
-property: no request is lost or answered twice, and none leaves faster than the pace."""
+bounds, expiry (429 sheddable, 503 the rest), cancellation, drain; and a property: no request is lost
+or answered twice."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Clock:
 class Harness:
     """A controller over two pods whose waiting counts the test sets; answers kept by request id."""
 
-    def __init__(self, holders: int | None = None, **flow: Any) -> None:
+    def __init__(self, **flow: Any) -> None:
         self.clock = Clock()
         self.source = StaticSnapshotSource()
         self.version = 0
@@ -45,13 +45,10 @@ class Harness:
         self.director = Director(
             cfg, self.source, NoMetrics(), rng=random.Random(1), clock=self.clock, timer=time.perf_counter
         )
-        self.flow = FlowController(
-            self.director, cfg, clock=self.clock, holders=None if holders is None else lambda: holders
-        )
+        self.flow = FlowController(self.director, cfg, clock=self.clock)
         self.answers: dict[str, list[Routing | errors.PickerError]] = {}
         self.held: dict[str, Waiting] = {}
         self.order: list[str] = []  # held requests, as they were answered
-        self.routed_at: list[float] = []  # when each held request was routed, in order
 
     def set_waiting(self, *waiting: int) -> None:
         """A new snapshot, scraped a millisecond from now: the pods' own counts (assignments until now
@@ -76,8 +73,6 @@ class Harness:
     def _answer(self, request_id: str, answer: Routing | errors.PickerError) -> None:
         self.answers.setdefault(request_id, []).append(answer)
         self.order.append(request_id)
-        if isinstance(answer, Routing):
-            self.routed_at.append(self.clock.now)
 
     def dispatched(self) -> list[str]:
         return [rid for rid in self.order if isinstance(self.answers[rid][0], Routing)]
@@ -108,65 +103,6 @@ def test_held_requests_go_when_room_frees_one_slot_at_a_time():
     h.clock.now += 0.05
     assert h.flow.pump() == 2
     assert h.dispatched() == ["r0", "r1", "r2"]
-
-
-def test_paced_held_requests_leave_a_burst_then_one_each_interval():
-    h = Harness(dispatch={"interval": "500ms", "burst": 2})
-    h.set_waiting(2, 2)
-    for i in range(4):
-        h.send(f"r{i}")
-    h.set_waiting(0, 0)  # room for all four (the snapshot stays fresh: 2 s)
-    assert h.flow.pump() == 2
-    assert h.flow.next_pump() == pytest.approx(h.clock.now + 0.5)  # the next slot, not the deadline
-    assert h.flow.pump() == 0
-    h.clock.now += 0.25
-    assert h.flow.pump() == 0
-    h.clock.now += 0.3
-    assert h.flow.pump() == 1
-    h.clock.now += 0.5
-    assert h.flow.pump() == 1
-    assert h.dispatched() == ["r0", "r1", "r2", "r3"]
-    assert h.flow.next_pump() is None
-
-
-def test_the_pace_is_split_between_the_pickers_holding_requests():
-    h = Harness(holders=2, dispatch={"interval": "500ms"})
-    h.set_waiting(2, 2)
-    h.send("r0")
-    h.send("r1")
-    h.set_waiting(0, 0)
-    assert h.flow.pump() == 1
-    assert h.flow.next_pump() == pytest.approx(h.clock.now + 1.0)  # two intervals
-    h.clock.now += 0.75
-    assert h.flow.pump() == 0
-    h.clock.now += 0.3
-    assert h.flow.pump() == 1
-    assert h.dispatched() == ["r0", "r1"]
-
-
-def test_while_saturated_the_next_pump_is_the_first_deadline():
-    h = Harness(defaultRequestTTL="3s", dispatch={"interval": "1s"})
-    h.set_waiting(2, 2)
-    h.send("r0")
-    enqueued = h.clock.now
-    assert h.flow.pump() == 0
-    assert h.flow.next_pump() == pytest.approx(enqueued + 3.0)
-
-
-def test_a_request_the_profile_drops_at_dispatch_takes_no_slot():
-    h = Harness(
-        priorityBands=[{"priority": -1, "saturationDetector": {"queueDepthThreshold": 100}}],
-        dispatch={"interval": "1s"},
-    )
-    h.set_waiting(100, 100)
-    h.send("dropped", SHEDDABLE)
-    h.set_waiting(6, 6)  # room for the detector, none for the profile
-    assert h.flow.pump() == 1
-    h.set_waiting(100, 100)
-    h.send("routed", SHEDDABLE)
-    h.set_waiting(0, 0)  # a few milliseconds later: the slot is still there
-    assert h.flow.pump() == 1
-    assert h.dispatched() == ["routed"]
 
 
 def test_a_new_request_waits_behind_those_already_waiting():
@@ -315,10 +251,9 @@ def test_the_explanation_says_how_long_it_waited_and_why():
 
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("send"), st.booleans(), st.sampled_from(["a", "b", "c"]), st.integers(1, 4)),
+        st.tuples(st.just("send"), st.booleans(), st.sampled_from(["a", "b", "c"])),
         st.tuples(st.just("cancel"), st.integers(0, 50)),
         st.tuples(st.just("tick"), st.floats(0.0, 1.5)),
-        st.tuples(st.just("tick"), st.floats(0.0, 0.05)),  # within a pace slot or two
         st.tuples(st.just("free"), st.integers(0, 3), st.integers(0, 3)),
         st.tuples(st.just("end"), st.integers(0, 50)),
     ),
@@ -326,33 +261,22 @@ OPS = st.lists(
 )
 
 
-# (interval, burst) of the pace: none, one slot per 10 ms, two per 250 ms.
-PACES = st.sampled_from([(0.0, 1), (0.01, 1), (0.25, 2)])
-
-
 @settings(max_examples=150, deadline=None)
-@given(OPS, PACES)
-def test_no_request_is_lost_or_answered_twice(ops, pace):
-    interval, burst = pace
-    h = Harness(
-        defaultRequestTTL="1s",
-        maxRequests=5,
-        priorityBands=SHEDDABLE_BAND,
-        dispatch={"interval": interval, "burst": burst},
-    )
+@given(OPS)
+def test_no_request_is_lost_or_answered_twice(ops):
+    h = Harness(defaultRequestTTL="1s", maxRequests=5, priorityBands=SHEDDABLE_BAND)
     h.set_waiting(2, 2)
     sent: list[str] = []
     refused: set[str] = set()
     cancelled: set[str] = set()
     for op in ops:
         if op[0] == "send":
-            for _ in range(op[3]):  # together, before the next pump
-                rid = f"r{len(sent)}"
-                sent.append(rid)
-                try:
-                    h.send(rid, CRITICAL if op[1] else SHEDDABLE, flow=op[2])
-                except errors.PickerError:  # queue full, or no fresh snapshot: answered at once
-                    refused.add(rid)
+            rid = f"r{len(sent)}"
+            sent.append(rid)
+            try:
+                h.send(rid, CRITICAL if op[1] else SHEDDABLE, flow=op[2])
+            except errors.PickerError:  # queue full, or no fresh snapshot: answered at once
+                refused.add(rid)
         elif op[0] == "cancel" and sent:
             rid = sent[op[1] % len(sent)]
             waiting = h.held.get(rid)
@@ -368,10 +292,6 @@ def test_no_request_is_lost_or_answered_twice(ops, pace):
             if answers and isinstance(answers[0], Routing):
                 h.flow.finished(answers[0])
         h.flow.pump()
-        at = h.flow.next_pump()
-        assert (at is None) == (h.flow.waiting == 0)
-        assert at is None or at > h.clock.now
-    assert_paced(h.routed_at, interval, burst)
     h.flow.drain()
     for rid in sent:
         got = h.answers.get(rid, [])
@@ -380,57 +300,3 @@ def test_no_request_is_lost_or_answered_twice(ops, pace):
         else:
             assert len(got) == 1, (rid, got)
     assert h.flow.waiting == 0
-
-
-def assert_paced(times: list[float], interval: float, burst: int) -> None:
-    """No window of time saw more requests leave than the token bucket allows."""
-    if not interval:
-        return
-    for i, first in enumerate(times):
-        for j in range(i, len(times)):
-            # A thousandth of a slot for the clock's rounding (its times are around 1.7e9 s).
-            assert j - i + 1 <= burst + (times[j] - first) / interval + 1e-3, (times[i : j + 1], interval)
-
-
-PACE_OPS = st.lists(
-    st.one_of(st.tuples(st.just("send"), st.integers(1, 6)), st.tuples(st.just("tick"), st.floats(0.0, 0.3))),
-    max_size=40,
-)
-
-
-@settings(max_examples=100, deadline=None)
-@given(PACE_OPS, PACES.filter(lambda p: p[0] > 0))
-def test_held_requests_leave_at_the_pace_and_no_slower(ops, pace):
-    # Room for all (1,000 per pod) once the first ones have been held: only the pace holds them.
-    interval, burst = pace
-    h = Harness(
-        defaultRequestTTL="60s",
-        saturationDetector={"queueDepthThreshold": 1000},
-        dispatch={"interval": interval, "burst": burst},
-    )
-    h.set_waiting(1000, 1000)
-    for i in range(3):
-        h.send(f"first{i}")
-    sent = 3
-    for op in ops:
-        if op[0] == "send":
-            for _ in range(op[1]):
-                h.send(f"r{sent}")
-                sent += 1
-        else:
-            h.clock.now += op[1]
-        h.set_waiting(0, 0)  # fresh, and the pods' counts as scraped
-        h.flow.pump()
-        if h.flow.waiting:  # waits for the next slot, which comes within an interval
-            at = h.flow.next_pump()
-            assert at is not None
-            assert h.clock.now < at <= h.clock.now + interval * 1.001
-    for _ in range(2 * sent):  # then one slot after another: every one leaves, routed
-        if not h.flow.waiting:
-            break
-        h.clock.now += interval
-        h.set_waiting(0, 0)
-        h.flow.pump()
-    assert_paced(h.routed_at, interval, burst)
-    assert len(h.answers) == sent
-    assert all(isinstance(a, Routing) for [a] in h.answers.values())

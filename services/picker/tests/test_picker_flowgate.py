@@ -1,15 +1,13 @@
 """Flow control through the real servers (native and grpcio on port 0, a real gRPC client): a request
 the saturated pool cannot take waits on its stream (Envoy told to wait: override_message_timeout),
 is routed when room frees, leaves the queue when its client goes away, gets a 503 when the picker
-stops; the metrics count it under upstream's names. And the gate alone: it pumps at the pace's next
-slot."""
+stops; the metrics count it under upstream's names."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
-import time
 
 import grpc
 import pytest
@@ -19,7 +17,6 @@ from picker_builders import (
     NOW,
     body,
     config,
-    ctx,
     on_free_ports,
     pod,
     pool_pods,
@@ -29,11 +26,6 @@ from picker_builders import (
 )
 from prometheus_client import CollectorRegistry
 
-from pointsman_picker.director import Director
-from pointsman_picker.flowcontrol.controller import FlowController, Waiting
-from pointsman_picker.flowgate import FlowGate
-from pointsman_picker.interfaces import NoMetrics
-from pointsman_picker.routing import Routing
 from pointsman_picker.server import create_app
 from pointsman_picker.snapshots import StaticSnapshotSource
 from pointsman_testkit import eventually
@@ -163,29 +155,3 @@ def test_off_by_default():
     app = create_app(config(), source=StaticSnapshotSource(), registry=CollectorRegistry())
     assert app.flow is None
     assert isinstance(pb.ProcessingResponse(), pb.ProcessingResponse)
-
-
-async def test_the_gate_pumps_at_the_pace_s_next_slot():
-    # No poll to fall back on (an hour): only the pace's slot, which the gate waits for, lets the
-    # second request out. Both fit the pool; the pace lets one go each 50 ms (of the fake clock).
-    clock = [LATER]
-    cfg = config(flowControl={"enabled": True, "dispatch": {"interval": "50ms", "burst": 1}})
-    source = StaticSnapshotSource(snapshot(*pool_pods(*FULL)))
-    director = Director(
-        cfg, source, NoMetrics(), rng=random.Random(0), clock=lambda: clock[0], timer=time.perf_counter
-    )
-    gate = FlowGate(FlowController(director, cfg, clock=lambda: clock[0]), interval=3600.0)
-    answers: list[object] = []
-    for i in range(2):
-        waiting = gate.route(ctx(BODY, request_id=f"r{i}"))
-        assert isinstance(waiting, Waiting)
-        waiting.answer = answers.append
-    source.set(snapshot(*pool_pods(pod(0), pod(0)), version=2))
-    gate.start()
-    try:
-        await eventually(lambda: len(answers) == 1)
-        clock[0] += 0.06  # the next slot has come: the gate, waiting for it, pumps then
-        await eventually(lambda: len(answers) == 2)
-        assert all(isinstance(a, Routing) for a in answers)
-    finally:
-        await gate.drain()

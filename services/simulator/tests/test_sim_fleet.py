@@ -128,40 +128,6 @@ def test_held_requests_keep_the_snapshot_rounds_going_until_placed_or_shed() -> 
     assert (len(result.served), result.shed) == (2, 2)
 
 
-class HoldUntil:
-    """Holds every request and asks to be woken at ``release_at`` (between two snapshot rounds), when
-    it places them all."""
-
-    def __init__(self, release_at: float) -> None:
-        self.release_at = release_at
-        self.held: list[TraceRequest] = []
-        self.asked: list[float] = []  # when dispatch was asked
-
-    def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Hold:
-        self.held.append(request)
-        return HOLD
-
-    def dispatch(self, now: float, pods: Sequence[PodSnapshot]) -> list[tuple[TraceRequest, int | None]]:
-        self.asked.append(now)
-        if now < self.release_at:
-            return []
-        out, self.held = self.held, []
-        return [(request, 0) for request in out]
-
-    def wake(self) -> float | None:
-        return self.release_at
-
-
-def test_dispatch_is_asked_again_at_the_time_wake_names() -> None:
-    trace = [TraceRequest(0.0, 16, 4), TraceRequest(0.01, 16, 4)]
-    router = HoldUntil(release_at=0.25)  # snapshot rounds every second: none before 1.0
-    result = run_fleet(
-        configs(1), trace, router, dispatch=router.dispatch, wake=router.wake, snapshot_interval=1.0
-    )
-    assert router.asked == [0.0, 0.01, 0.25]
-    assert [s.request.first_token_at >= 0.25 for s in result.served] == [True, True]
-
-
 SYSTEM = Span(1, 512)
 
 

@@ -401,18 +401,6 @@ class PriorityBand(_Model):
     saturation_detector: SaturationDetectorConfig | None = None
 
 
-class DispatchPaceConfig(_Model):
-    """``flowControl.dispatch`` (Pointsman's): how fast held requests leave the queue, a token bucket.
-    While the detector lets them go, at most ``burst`` leave together and then one each ``interval``
-    (a pace slot unused for a while is kept, up to ``burst``), so the room a snapshot shows is
-    filled over the next milliseconds, not in one instant. ``interval`` 0: no pace (as many as the
-    detector lets go at once). Each picker paces its own dispatches, the interval multiplied by the
-    number of pickers that hold requests (the peers' reports), so the pool gets the same pace."""
-
-    interval: Seconds = 0.0
-    burst: int = Field(default=1, ge=1)
-
-
 class FlowControlConfig(_Model):
     """``flowControl``: hold requests in the picker while the pool is saturated, by band (priority,
     highest first), then by flow in turn (``x-gateway-inference-fairness-id``), then first come first
@@ -427,7 +415,6 @@ class FlowControlConfig(_Model):
     # Bands by priority; a priority no band names gets a band with the defaults.
     priority_bands: tuple[PriorityBand, ...] = ()
     saturation_detector: SaturationDetectorConfig = SaturationDetectorConfig()
-    dispatch: DispatchPaceConfig = DispatchPaceConfig()
     # The header naming a request's flow (upstream's); no header: ``default-flow``.
     fairness_header: str = Field(default="x-gateway-inference-fairness-id", min_length=1)
     # The longest ext_proc message timeout the picker asks Envoy for (override_message_timeout) while

@@ -1,9 +1,8 @@
 """The asyncio edge of flow control: routes through the :class:`~pointsman_picker.flowcontrol.
 controller.FlowController` and pumps it while requests wait.
 
-The pump runs when a request starts waiting or one ends (room may have freed), at the controller's
-next pace slot or deadline (:meth:`~pointsman_picker.flowcontrol.controller.FlowController.next_pump`),
-and at least every ``interval`` while any waits (a new snapshot). At shutdown :meth:`FlowGate.drain` answers
+The pump runs when a request starts waiting or one ends (room may have freed), and at least every
+``interval`` while any waits (a new snapshot, a deadline). At shutdown :meth:`FlowGate.drain` answers
 every waiting request before the servers stop.
 """
 
@@ -56,15 +55,7 @@ class FlowGate:
             except Exception:  # a bug must not leave requests waiting forever unpumped
                 log.exception("flow control pump failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self._timeout())
-
-    def _timeout(self) -> float:
-        """Until the next pump: the poll interval, or sooner for a pace slot or a deadline."""
-        controller = self.controller
-        at = controller.next_pump()
-        if at is None:
-            return self._interval
-        return min(max(at - controller.clock(), 0.0), self._interval)
+                await asyncio.wait_for(wake.wait(), self._interval)
 
     async def drain(self) -> int:
         """Stop pumping and answer every waiting request (503); how many there were."""

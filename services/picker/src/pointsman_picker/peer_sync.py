@@ -99,10 +99,6 @@ class RedisPeerSync(RedisRounds):
         self._cached = (snapshot, view.generation, now, counts)
         return counts
 
-    def holders(self) -> int:
-        """The flow controller's ``holders``: the pickers holding requests, this one included."""
-        return self.view.holders(self._clock())
-
     def alone(self) -> None:
         self.view.update({}, self._clock())  # alone until Redis answers again
 

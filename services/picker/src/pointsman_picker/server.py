@@ -99,7 +99,7 @@ class PickerApp:
         self.peer_sync: RedisPeerSync | None = None
         if config.flow_control.enabled:
             flow_metrics = FlowControlMetrics(registry)
-            peers = holders = None
+            peers = None
             if share:
                 self.peer_sync = RedisPeerSync(
                     config.redis.target,
@@ -109,10 +109,8 @@ class PickerApp:
                     horizon=config.picker.max_staleness,
                     clock=clock,
                 )
-                peers, holders = self.peer_sync.extra, self.peer_sync.holders
-            controller = FlowController(
-                self.director, config, clock=clock, metrics=flow_metrics, peers=peers, holders=holders
-            )
+                peers = self.peer_sync.extra
+            controller = FlowController(self.director, config, clock=clock, metrics=flow_metrics, peers=peers)
             registry.register(FlowCollector(controller, flow_metrics.flows, config.pool.name))
             self.flow = FlowGate(controller)
         source.watch_cluster(self.apply_cluster)

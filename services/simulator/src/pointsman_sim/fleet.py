@@ -7,9 +7,8 @@ finished requests are recorded and its next step starts at the same instant), an
 refreshed from its engine). Routing thus sees metrics up to one interval old, as it does live.
 
 A router may also :data:`HOLD` a request (a gateway's flow control) and place it later: ``dispatch``
-is asked after every arrival, every snapshot round and every step that finished requests, and at
-the time ``wake`` names (a flow controller's next pace slot or deadline), and returns the held
-requests it places (or sheds) then. A held request's time to first token counts
+is asked after every arrival, every snapshot round and every step that finished requests, and
+returns the held requests it places (or sheds) then. A held request's time to first token counts
 from its arrival, its wait included.
 """
 
@@ -77,9 +76,6 @@ snapshot; ``None`` sheds the request (a gateway's 429); :data:`HOLD` keeps it fo
 Dispatch = Callable[[float, Sequence[PodSnapshot]], "Sequence[tuple[TraceRequest, int | Placement | None]]"]
 """Told the time and the pods' latest snapshots; returns held requests with their choice, to place now."""
 
-Wake = Callable[[], "float | None"]
-"""When the router next wants ``dispatch`` asked though nothing happened (``None``: no need)."""
-
 FinishSink = Callable[[int, "Served"], None]
 """Told each request that ends, by its index in the trace, at the moment it ends."""
 
@@ -105,7 +101,7 @@ class FleetResult:
     """When the last request finished."""
 
 
-_ARRIVAL, _STEP_END, _SNAPSHOT, _WAKE = 0, 1, 2, 3  # at equal times: arrivals queue before a step starts
+_ARRIVAL, _STEP_END, _SNAPSHOT = 0, 1, 2  # at equal times: arrivals queue before a step starts
 
 
 def pod_snapshot(address: str, engine: Engine, now: float) -> PodSnapshot:
@@ -134,13 +130,11 @@ def run_fleet(
     snapshot_interval: float = DEFAULT_SNAPSHOT_INTERVAL,
     on_finish: FinishSink | None = None,
     dispatch: Dispatch | None = None,
-    wake: Wake | None = None,
     on_start: Callable[[Sequence[Engine]], None] | None = None,
 ) -> FleetResult:
     """Run the trace (sorted by arrival) through one engine per config until every request ends;
     ``on_finish`` hears of each request as it ends (a router that counts in-flight requests);
-    ``dispatch`` places the requests the router held, asked again at the time ``wake`` names while
-    any are held; ``on_start`` is handed the engines before the
+    ``dispatch`` places the requests the router held; ``on_start`` is handed the engines before the
     first arrival (a router that reads them: a bound of what routing can achieve, not a router one
     could deploy)."""
     if snapshot_interval <= 0:
@@ -164,7 +158,6 @@ def run_fleet(
     heapq.heappush(events, (snapshot_interval, _SNAPSHOT, next(order), 0))
     now = 0.0
     held: dict[int, int] = {}  # id() of a held trace request -> its index
-    woken = float("inf")  # the earliest wake-up queued (passed once ``now`` reaches it)
 
     def start_step(pod: int, at: float) -> bool:
         """Step ``pod`` from ``at``; whether requests finished."""
@@ -206,15 +199,9 @@ def run_fleet(
             start_step(pod, now)
 
     def place_held() -> None:
-        nonlocal woken
         if dispatch is not None and held:
             for request, choice in dispatch(now, snapshots):
                 place(held.pop(id(request)), choice)
-        if wake is not None and held:
-            at = wake()
-            if at is not None and at > now and (at < woken or woken <= now):
-                woken = at
-                heapq.heappush(events, (at, _WAKE, next(order), 0))
 
     while events:
         now, kind, _, index = heapq.heappop(events)
@@ -229,13 +216,11 @@ def run_fleet(
         elif kind == _STEP_END:
             if start_step(index, now):
                 place_held()
-        elif kind == _SNAPSHOT:
+        else:
             snapshots = [pod_snapshot(a, e, now) for a, e in zip(addresses, engines, strict=True)]
             place_held()
             if now < last_arrival or held:
                 heapq.heappush(events, (now + snapshot_interval, _SNAPSHOT, next(order), 0))
-        else:
-            place_held()
     return FleetResult(
         served=tuple(served),
         rejected=rejected,

@@ -24,8 +24,7 @@ With ``flowControl.enabled`` the router goes through the picker's
 :class:`~pointsman_picker.flowcontrol.controller.FlowController`: a request it holds is the fleet
 driver's :data:`~pointsman_sim.fleet.HOLD`, and :meth:`DirectorRouter.dispatch` pumps the controller
 (as the picker's flow gate does on a snapshot, a finished request, or its timer) and hands over what
-it answered; :meth:`DirectorRouter.wake` is the fleet driver's ``wake``, the controller's next pace
-slot or deadline (the flow gate's timer).
+it answered.
 """
 
 from __future__ import annotations
@@ -83,10 +82,8 @@ class DirectorRouter:
         rng: random.Random,
         *,
         peers: Callable[[], Mapping[str, int]] | None = None,
-        holders: Callable[[], int] | None = None,
     ) -> None:
-        """``peers``, ``holders``: the flow controller's (the other pickers' part of each pod, how
-        many pickers hold requests)."""
+        """``peers``: the flow controller's (the other pickers' part of each pod)."""
         self.now = 0.0
         self._base = base_model
         self._snapshots = FleetSnapshots(config.pool.name)
@@ -104,9 +101,7 @@ class DirectorRouter:
         self.errors: dict[int, int] = {}  # HTTP status -> count
         self.flow: FlowController | None = None
         if config.flow_control.enabled:
-            self.flow = FlowController(
-                self.director, config, clock=lambda: self.now, peers=peers, holders=holders
-            )
+            self.flow = FlowController(self.director, config, clock=lambda: self.now, peers=peers)
         self._answered: list[tuple[TraceRequest, Routing | PickerError]] = []
 
     def __call__(self, request: TraceRequest, pods: Sequence[PodSnapshot]) -> Placement | Hold | None:
@@ -137,10 +132,6 @@ class DirectorRouter:
         self.flow.pump()
         answered, self._answered = self._answered, []
         return [(request, self._choice(request, answer)) for request, answer in answered]
-
-    def wake(self) -> float | None:
-        """When the flow controller next needs a pump though nothing happens (the fleet driver's ``wake``)."""
-        return self.flow.next_pump() if self.flow is not None else None
 
     def finished(self, request: TraceRequest) -> None:
         """``request`` has ended: its ext_proc stream closes, as live."""
@@ -214,7 +205,6 @@ class TwoPickers:
                 base_model,
                 random.Random(rng.random()),
                 peers=self._peers_of(i) if share_dispatches else None,
-                holders=self._holders_of(i) if share_dispatches else None,
             )
             for i in range(2)
         )
@@ -264,10 +254,6 @@ class TwoPickers:
             self._exchange(now)
         return [answer for picker in self.pickers for answer in picker.dispatch(now, pods)]
 
-    def wake(self) -> float | None:
-        times = [t for picker in self.pickers if (t := picker.wake()) is not None]
-        return min(times, default=None)
-
     def _exchange(self, now: float) -> None:
         """The reports due by ``now`` delivered, and each picker's next report sent when its time has come."""
         for i, (view, reports) in enumerate(zip(self.views, self._reports, strict=True)):
@@ -290,9 +276,6 @@ class TwoPickers:
 
     def _peers_of(self, i: int) -> Callable[[], Mapping[str, int]]:
         return lambda: self._peer_extra(i)
-
-    def _holders_of(self, i: int) -> Callable[[], int]:
-        return lambda: self.views[i].holders(self.pickers[i].now)
 
     def _peer_extra(self, i: int) -> Mapping[str, int]:
         picker = self.pickers[i]

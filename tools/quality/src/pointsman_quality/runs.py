@@ -131,7 +131,6 @@ def run(
                 router,
                 on_finish=_releaser(trace, router),
                 dispatch=getattr(router, "dispatch", None),
-                wake=getattr(router, "wake", None),
                 on_start=reader,
             )
         )

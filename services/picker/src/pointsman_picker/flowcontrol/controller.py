@@ -5,13 +5,12 @@ or a higher one waits and the pool is not saturated; otherwise it waits in the
 :class:`~.queue.FlowQueue` and its stream gets a :class:`Waiting` instead of a routing. The profile
 keeps its own say: a request its terminal branch drops is dropped (429), now or at dispatch, as
 without flow control. :meth:`pump` (called by the asyncio edge when a snapshot arrives, a request
-ends, a deadline or a pace slot comes) answers the expired, then dispatches from the head while the
-pool is not saturated and the pace (:mod:`.pace`) has a slot, each one scheduled afresh on the newest
-snapshot. Every waiting request is answered
+ends, or a deadline comes) answers the expired, then dispatches from the head while the pool is not
+saturated, each one scheduled afresh on the newest snapshot. Every waiting request is answered
 exactly once: dispatched, dropped, refused, expired or evicted by :meth:`drain`; or it is cancelled
 (its client went away) and never answered.
 
-Pure: the clock comes in as an argument, the peers' counts through callables.
+Pure: the clock comes in as an argument, the peers' counts through a callable.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from typing import Protocol
 from pointsman_picker import errors
 from pointsman_picker.context import RequestContext, Resolved
 from pointsman_picker.director import Candidates, Director
-from pointsman_picker.flowcontrol.pace import Pace
 from pointsman_picker.flowcontrol.queue import Bounds, Entry, FlowQueue, Full
 from pointsman_picker.flowcontrol.saturation import Thresholds, saturated, saturation
 from pointsman_picker.routing import Routing
@@ -82,19 +80,14 @@ class FlowController:
         clock: Callable[[], float],
         metrics: FlowMetrics | None = None,
         peers: Callable[[], Mapping[str, int]] | None = None,
-        holders: Callable[[], int] | None = None,
     ) -> None:
         """``clock`` is the director's (wall time); ``peers`` gives, per pod address, what the other
         pickers take of it beyond its snapshot (counted as waiting, like this picker's own recent
-        assignments): :meth:`.peers.PeerView.extra`; ``holders`` how many pickers hold requests,
-        this one included (:meth:`.peers.PeerView.holders`): the pace's interval is multiplied by it."""
+        assignments): :meth:`.peers.PeerView.extra`."""
         self._director = director
-        self.clock = clock
+        self._clock = clock
         self._metrics = metrics or NoFlowMetrics()
         self._peers = peers
-        self._holders = holders
-        self._pace = Pace(0.0, 1)
-        self._paced_out = False  # the last pump stopped for the pace, not for the detector
         # This picker's own assignments a scrape has not shown yet, whatever the profile counts.
         self._recent = RecentAssignments(config.picker.max_staleness)
         self._queue: FlowQueue[Waiting] = FlowQueue(Bounds(1, 1), {}, Bounds(1, 1))
@@ -105,8 +98,6 @@ class FlowController:
         """New bounds and thresholds from the next request on (those waiting keep their deadline)."""
         flow = config.flow_control
         self._config: FlowControlConfig = flow
-        if (flow.dispatch.interval, flow.dispatch.burst) != (self._pace.interval, self._pace.burst):
-            self._pace = Pace(flow.dispatch.interval, flow.dispatch.burst)
         self._thresholds = Thresholds.of(flow, config.scheduling)
         self._band_thresholds = {
             b.priority: Thresholds.of(flow, config.scheduling, b.priority) for b in flow.priority_bands
@@ -179,23 +170,17 @@ class FlowController:
         return waiting
 
     def pump(self) -> int:
-        """Answer what expired, then dispatch while the pool has room and the pace a slot; how many
-        were answered."""
-        self._paced_out = False
+        """Answer what expired, then dispatch while the pool has room; how many were answered."""
         queue = self._queue
         if not queue:
             return 0
-        now = self.clock()
+        now = self._clock()
         answered = 0
         for overdue in queue.expired(now):
             answered += 1
             self._expire(overdue, now)
         director = self._director
-        pace, share = self._pace, self._share()
         while (entry := queue.head()) is not None:
-            if not pace.ready(now, share):
-                self._paced_out = True
-                break
             waiting = entry.item
             resolved = waiting.resolved
             try:
@@ -209,7 +194,6 @@ class FlowController:
                 break
             try:
                 routing: Routing | errors.PickerError = self._placed(director.place(resolved, candidates))
-                pace.take(now, share)  # a request the profile drops loads no pod: no slot taken
             except errors.PickerError as exc:  # NoCapacity among them: the profile drops it now
                 routing = exc
             queue.pop()
@@ -220,25 +204,18 @@ class FlowController:
     def next_deadline(self) -> float | None:
         return self._queue.next_deadline()
 
-    def next_pump(self) -> float | None:
-        """When the queue needs a pump though nothing else happens (the controller's clock): the
-        pace's next slot if the last pump waited for it, or the first deadline; ``None`` while
-        nothing waits."""
-        deadline = self._queue.next_deadline()
-        if not self._paced_out or deadline is None:
-            return deadline
-        return min(deadline, self._pace.next_slot(self.clock(), self._share()))
-
     def cancel(self, waiting: Waiting) -> None:
         """``waiting``'s client went away: it leaves the queue, unanswered."""
         entry = waiting.entry
         if entry is not None and self._queue.remove(entry):
-            self._metrics.waited(entry.priority, entry.flow, EVICTED_CANCELLED, self.clock() - entry.enqueued)
+            self._metrics.waited(
+                entry.priority, entry.flow, EVICTED_CANCELLED, self._clock() - entry.enqueued
+            )
 
     def drain(self) -> int:
         """The picker stops: answer every waiting request (503); how many there were."""
         self._closed = True
-        now = self.clock()
+        now = self._clock()
         entries = self._queue.drain()
         for entry in entries:
             resolved = entry.item.resolved
@@ -255,10 +232,10 @@ class FlowController:
 
     def saturation(self) -> float:
         """The pool's saturation as the detector sees it now (0 without a usable snapshot)."""
-        snapshot = self._director.fresh_snapshot(self.clock())
+        snapshot = self._director.fresh_snapshot(self._clock())
         if snapshot is None:
             return 0.0
-        pods = self._loaded(self._director.usable(snapshot, self.clock()))
+        pods = self._loaded(self._director.usable(snapshot, self._clock()))
         return saturation(pods, self._thresholds, self._peer_counts())
 
     def _placed(self, routing: Routing) -> Routing:
@@ -273,9 +250,6 @@ class FlowController:
 
     def _peer_counts(self) -> Mapping[str, int]:
         return self._peers() if self._peers is not None else {}
-
-    def _share(self) -> int:
-        return max(self._holders(), 1) if self._holders is not None else 1
 
     def _saturated(self, candidates: Candidates, priority: int) -> bool:
         """Whether the pool is saturated for a request of ``priority`` (its band's thresholds)."""

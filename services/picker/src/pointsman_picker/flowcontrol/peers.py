@@ -109,11 +109,6 @@ class PeerView:
         """The reports that changed within ``ttl``, by origin."""
         return {o: p.report for o, p in self._peers.items() if now - p.changed <= self.ttl}
 
-    def holders(self, now: float) -> int:
-        """How many pickers hold requests, this one counted whether or not it does (the flow
-        controller's pace is split between them)."""
-        return 1 + sum(1 for r in self.live(now).values() if r.waiting > 0)
-
     def stale(self, now: float, *, after: float) -> list[str]:
         """Origins whose report has not changed for ``after`` seconds (to delete from the hash)."""
         return [o for o, p in self._peers.items() if now - p.changed > after]
