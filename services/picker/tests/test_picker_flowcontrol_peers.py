@@ -64,6 +64,27 @@ def test_what_the_peers_take_of_each_pod(pods, reports, expected):
     assert view.extra(pods, DEPTH, NOW + 0.3, horizon=5.0) == expected
 
 
+# A queue depth far above the load, and a pool mean of 10 running + waiting per pod.
+MEAN = Thresholds(queue_depth=1000, kv_cache=0.9, pod_requests=10)
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "expected"),
+    [
+        pytest.param(0, 0, {A: 5}, id="idle-pod-half-of-10"),
+        pytest.param(5, 1, {A: 2}, id="half-of-what-is-left-under-the-mean"),
+        # Without the cap the peer's share would be half the queue depth's room (about 500): as
+        # waiting requests, past the pool mean of every band.
+        pytest.param(12, 0, {}, id="past-the-mean-nothing-to-share"),
+    ],
+)
+def test_with_a_pool_mean_only_the_room_under_it_is_shared(running, waiting, expected):
+    view = PeerView("me", ttl=1.0)
+    view.update({"p": report(waiting=5)}, NOW)
+    pods = [pod(waiting, running=running, address=A)]
+    assert view.extra(pods, MEAN, NOW + 0.3, horizon=5.0) == expected
+
+
 def test_assignments_older_than_the_horizon_do_not_count():
     view = PeerView("me")
     view.update({"p": report(a=[NOW - 10, NOW - 4])}, NOW)

@@ -10,7 +10,8 @@ show that this picker must count:
 
 - the peers' assignments newer than the pod's scrape (older ones the scrape already counts);
 - while other pickers hold requests too, the part of the pod's room that is theirs: the room a scrape
-  shows is split evenly between the pickers with requests waiting (this one included), the remainder
+  shows (under the queue depth and, with ``pod_requests``, under that many running plus waiting
+  requests) is split evenly between the pickers with requests waiting (this one included), the remainder
   going in turn by a rotation every picker computes alike from the pod's address and scrape time. So
   two pickers that see the same freed slot in the same snapshot do not both dispatch into it, however
   late the other's report arrives. What a peer has already sent counts if it is more than its share.
@@ -137,6 +138,10 @@ class PeerView:
             theirs = 0
             if k > 1:
                 free = room(pod, thresholds)
+                if thresholds.pod_requests is not None:
+                    # The room under the pool's mean too: what is shared is counted as waiting, and a
+                    # queue-depth room far above it would read as load past every band's mean.
+                    free = min(free, max(thresholds.pod_requests - pod.running - pod.waiting, 0))
                 turn = (me - zlib.crc32(f"{pod.address}|{pod.updated_at!r}".encode()) % k) % k
                 mine = free // k + (1 if turn < free % k else 0)
                 theirs = free - mine
