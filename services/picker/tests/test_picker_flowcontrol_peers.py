@@ -69,19 +69,22 @@ MEAN = Thresholds(queue_depth=1000, kv_cache=0.9, pod_requests=10)
 
 
 @pytest.mark.parametrize(
-    ("running", "waiting", "expected"),
+    ("loads", "expected"),
     [
-        pytest.param(0, 0, {A: 5}, id="idle-pod-half-of-10"),
-        pytest.param(5, 1, {A: 2}, id="half-of-what-is-left-under-the-mean"),
-        # Without the cap the peer's share would be half the queue depth's room (about 500): as
+        pytest.param([(0, 0)], {A: 5}, id="idle-pod-half-of-10"),
+        pytest.param([(5, 1)], {A: 2}, id="half-of-what-is-left-under-the-mean"),
+        # Without the mean the peer's share would be half the queue depth's room (about 500): as
         # waiting requests, past the pool mean of every band.
-        pytest.param(12, 0, {}, id="past-the-mean-nothing-to-share"),
+        pytest.param([(12, 0)], {}, id="past-the-mean-nothing-to-share"),
+        # The pool's room under the mean is 6 (B's 4 past it take from A's 10): half of it.
+        pytest.param([(0, 0), (14, 0)], {A: 3}, id="the-pool-s-room-not-a-pod-s"),
+        pytest.param([(2, 0), (6, 0)], {A: 4, B: 2}, id="spread-by-each-pod-s-room"),
     ],
 )
-def test_with_a_pool_mean_only_the_room_under_it_is_shared(running, waiting, expected):
+def test_with_a_pool_mean_the_pool_s_room_under_it_is_shared(loads, expected):
     view = PeerView("me", ttl=1.0)
     view.update({"p": report(waiting=5)}, NOW)
-    pods = [pod(waiting, running=running, address=A)]
+    pods = [pod(w, running=r, address=a) for (r, w), a in zip(loads, (A, B), strict=False)]
     assert view.extra(pods, MEAN, NOW + 0.3, horizon=5.0) == expected
 
 
