@@ -10,11 +10,12 @@ show that this picker must count:
 
 - the peers' assignments newer than the pod's scrape (older ones the scrape already counts);
 - while other pickers hold requests too, the part of the pod's room that is theirs: the room a scrape
-  shows (under the queue depth and, with ``pod_requests``, under that many running plus waiting
-  requests) is split evenly between the pickers with requests waiting (this one included), the remainder
+  shows is split evenly between the pickers with requests waiting (this one included), the remainder
   going in turn by a rotation every picker computes alike from the pod's address and scrape time. So
   two pickers that see the same freed slot in the same snapshot do not both dispatch into it, however
-  late the other's report arrives. What a peer has already sent counts if it is more than its share.
+  late the other's report arrives. With ``pod_requests`` (the pool's mean), the pool's room under it
+  is split alike, the others' part spread over the pods under the mean, and a pod's share is the
+  smaller of the two. What a peer has already sent counts if it is more than its share.
 
 A report that has not changed for ``ttl`` (the picker died, or Redis is unreachable) is forgotten: a
 picker alone, or cut off, counts its own assignments only, as without sharing.
