@@ -131,10 +131,10 @@ class Exchange:
     """Two flow controllers over one snapshot source, each reading the other's report at once (as if
     the Redis round trip took no time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **flow: object) -> None:
         self.now = NOW + 1.0
         self.source = StaticSnapshotSource()
-        cfg = config(flowControl={"enabled": True, "saturationDetector": {"queueDepthThreshold": 2}})
+        cfg = config(flowControl={"enabled": True, "saturationDetector": {"queueDepthThreshold": 2}, **flow})
         self.views = {name: PeerView(name) for name in ("one", "two")}
         self.flows: dict[str, FlowController] = {}
         for name, view in self.views.items():
@@ -167,8 +167,8 @@ class Exchange:
         assert current is not None
         return view.extra(current.pods, self.flows[view.origin].thresholds, self.now, horizon=5.0)
 
-    def send(self, name: str, request_id: str) -> None:
-        result = self.flows[name].route(ctx(b'{"model":"my-model","prompt":"hi"}', request_id=request_id))
+    def send(self, name: str, request_id: str, body: bytes = b'{"model":"my-model","prompt":"hi"}') -> None:
+        result = self.flows[name].route(ctx(body, request_id=request_id))
         if isinstance(result, Waiting):
             result.answer = lambda answer, n=name: self._answer(n, answer)
         else:
@@ -193,3 +193,18 @@ def test_two_controllers_share_a_freed_slot_instead_of_both_taking_it(freed):
     assert {endpoint for _, endpoint in pair.routed} == {A}
     if freed > 1:  # the room split between them
         assert {name for name, _ in pair.routed} == {"one", "two"}
+
+
+def test_a_peer_s_share_under_a_pool_mean_does_not_hold_critical_requests():
+    # Sheddable requests wait past a mean of 2 running + waiting per pod, Critical ones past 10; the
+    # queue depth leaves each pod a room of about 1,000, half of it the peer's if that were shared.
+    pair = Exchange(
+        saturationDetector={"queueDepthThreshold": 1000, "maxPodRequests": 2},
+        priorityBands=[{"priority": 0, "saturationDetector": {"maxPodRequests": 10}}],
+    )
+    pair.scrape(2, 2)
+    for name in ("one", "two"):  # both pickers hold requests: the room is split between them
+        pair.send(name, f"shed-{name}", b'{"model":"sql-lora-sheddable","prompt":"hi"}')
+    assert pair.routed == []
+    pair.send("one", "critical")
+    assert [name for name, _ in pair.routed] == ["one"]
