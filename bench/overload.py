@@ -108,15 +108,21 @@ def run(
 
 
 def past_threshold(rounds: list[Sequence[PodSnapshot]], limit: int) -> dict[str, float]:
-    """How far the pods went past ``limit`` running + waiting requests, over the snapshot rounds."""
+    """How far the pods went past ``limit`` running + waiting requests, over the snapshot rounds: each
+    pod, and the pool's mean (what the detector's ``maxPodRequests`` bounds for Sheddable traffic)."""
     excess = [max(p.running + p.waiting - limit, 0) for pods in rounds for p in pods]
     over = [e for e in excess if e]
+    means = [sum(p.running + p.waiting for p in pods) / len(pods) - limit for pods in rounds if pods]
+    past = sorted(max(m, 0.0) for m in means)
     return {
         "pod_rounds": len(excess),
         "pod_rounds_past_limit_share": len(over) / len(excess) if excess else 0.0,
         "excess_mean": sum(excess) / len(excess) if excess else 0.0,
         "excess_max": max(excess, default=0),
         "excess_p99": percentile(sorted(excess), 0.99) if excess else 0.0,
+        "rounds_mean_past_limit_share": sum(1 for m in means if m > 0) / len(means) if means else 0.0,
+        "mean_excess_p99": percentile(past, 0.99) if past else 0.0,
+        "mean_excess_max": past[-1] if past else 0.0,
     }
 
 

@@ -64,6 +64,30 @@ def test_what_the_peers_take_of_each_pod(pods, reports, expected):
     assert view.extra(pods, DEPTH, NOW + 0.3, horizon=5.0) == expected
 
 
+# A queue depth far above the load, and a pool mean of 10 running + waiting per pod.
+MEAN = Thresholds(queue_depth=1000, kv_cache=0.9, pod_requests=10)
+
+
+@pytest.mark.parametrize(
+    ("loads", "expected"),
+    [
+        pytest.param([(0, 0)], {A: 5}, id="idle-pod-half-of-10"),
+        pytest.param([(5, 1)], {A: 2}, id="half-of-what-is-left-under-the-mean"),
+        # Without the mean the peer's share would be half the queue depth's room (about 500): as
+        # waiting requests, past the pool mean of every band.
+        pytest.param([(12, 0)], {}, id="past-the-mean-nothing-to-share"),
+        # The pool's room under the mean is 6 (B's 4 past it take from A's 10): half of it.
+        pytest.param([(0, 0), (14, 0)], {A: 3}, id="the-pool-s-room-not-a-pod-s"),
+        pytest.param([(2, 0), (6, 0)], {A: 4, B: 2}, id="spread-by-each-pod-s-room"),
+    ],
+)
+def test_with_a_pool_mean_the_pool_s_room_under_it_is_shared(loads, expected):
+    view = PeerView("me", ttl=1.0)
+    view.update({"p": report(waiting=5)}, NOW)
+    pods = [pod(w, running=r, address=a) for (r, w), a in zip(loads, (A, B), strict=False)]
+    assert view.extra(pods, MEAN, NOW + 0.3, horizon=5.0) == expected
+
+
 def test_assignments_older_than_the_horizon_do_not_count():
     view = PeerView("me")
     view.update({"p": report(a=[NOW - 10, NOW - 4])}, NOW)
@@ -107,10 +131,10 @@ class Exchange:
     """Two flow controllers over one snapshot source, each reading the other's report at once (as if
     the Redis round trip took no time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **flow: object) -> None:
         self.now = NOW + 1.0
         self.source = StaticSnapshotSource()
-        cfg = config(flowControl={"enabled": True, "saturationDetector": {"queueDepthThreshold": 2}})
+        cfg = config(flowControl={"enabled": True, "saturationDetector": {"queueDepthThreshold": 2}, **flow})
         self.views = {name: PeerView(name) for name in ("one", "two")}
         self.flows: dict[str, FlowController] = {}
         for name, view in self.views.items():
@@ -143,8 +167,8 @@ class Exchange:
         assert current is not None
         return view.extra(current.pods, self.flows[view.origin].thresholds, self.now, horizon=5.0)
 
-    def send(self, name: str, request_id: str) -> None:
-        result = self.flows[name].route(ctx(b'{"model":"my-model","prompt":"hi"}', request_id=request_id))
+    def send(self, name: str, request_id: str, body: bytes = b'{"model":"my-model","prompt":"hi"}') -> None:
+        result = self.flows[name].route(ctx(body, request_id=request_id))
         if isinstance(result, Waiting):
             result.answer = lambda answer, n=name: self._answer(n, answer)
         else:
@@ -169,3 +193,18 @@ def test_two_controllers_share_a_freed_slot_instead_of_both_taking_it(freed):
     assert {endpoint for _, endpoint in pair.routed} == {A}
     if freed > 1:  # the room split between them
         assert {name for name, _ in pair.routed} == {"one", "two"}
+
+
+def test_a_peer_s_share_under_a_pool_mean_does_not_hold_critical_requests():
+    # Sheddable requests wait past a mean of 2 running + waiting per pod, Critical ones past 10; the
+    # queue depth leaves each pod a room of about 1,000, half of it the peer's if that were shared.
+    pair = Exchange(
+        saturationDetector={"queueDepthThreshold": 1000, "maxPodRequests": 2},
+        priorityBands=[{"priority": 0, "saturationDetector": {"maxPodRequests": 10}}],
+    )
+    pair.scrape(2, 2)
+    for name in ("one", "two"):  # both pickers hold requests: the room is split between them
+        pair.send(name, f"shed-{name}", b'{"model":"sql-lora-sheddable","prompt":"hi"}')
+    assert pair.routed == []
+    pair.send("one", "critical")
+    assert [name for name, _ in pair.routed] == ["one"]

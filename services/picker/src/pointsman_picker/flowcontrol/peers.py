@@ -13,7 +13,9 @@ show that this picker must count:
   shows is split evenly between the pickers with requests waiting (this one included), the remainder
   going in turn by a rotation every picker computes alike from the pod's address and scrape time. So
   two pickers that see the same freed slot in the same snapshot do not both dispatch into it, however
-  late the other's report arrives. What a peer has already sent counts if it is more than its share.
+  late the other's report arrives. With ``pod_requests`` (the pool's mean), the pool's room under it
+  is split alike, the others' part spread over the pods under the mean, and a pod's share is the
+  smaller of the two. What a peer has already sent counts if it is more than its share.
 
 A report that has not changed for ``ttl`` (the picker died, or Redis is unreachable) is forgotten: a
 picker alone, or cut off, counts its own assignments only, as without sharing.
@@ -127,6 +129,8 @@ class PeerView:
         k = len(waiting)
         out: dict[str, int] = {}
         not_before = now - horizon
+        pods = list(pods)
+        under_mean = _mean_shares(pods, thresholds, me, k) if k > 1 else None
         for pod in pods:
             seen = max(pod.updated_at, not_before)
             sent = 0
@@ -137,10 +141,41 @@ class PeerView:
             theirs = 0
             if k > 1:
                 free = room(pod, thresholds)
-                turn = (me - zlib.crc32(f"{pod.address}|{pod.updated_at!r}".encode()) % k) % k
-                mine = free // k + (1 if turn < free % k else 0)
-                theirs = free - mine
+                theirs = free - _mine(free, me, k, f"{pod.address}|{pod.updated_at!r}")
+                if under_mean is not None:
+                    # A share counts as waiting requests: one of the queue depth's room alone (far
+                    # above the mean) would read as load past every band's mean.
+                    theirs = min(theirs, under_mean.get(pod.address, 0))
             count = max(sent, theirs)
             if count:
                 out[pod.address] = count
         return out
+
+
+def _mine(free: int, me: int, k: int, key: str) -> int:
+    """This picker's part of ``free`` split between ``k`` pickers: even, the remainder in turn by a
+    rotation every picker computes alike from ``key``."""
+    turn = (me - zlib.crc32(key.encode()) % k) % k
+    return free // k + (1 if turn < free % k else 0)
+
+
+def _mean_shares(
+    pods: Sequence[PodSnapshot], thresholds: Thresholds, me: int, k: int
+) -> dict[str, int] | None:
+    """With ``pod_requests``, the peers' part of the pool's room under that mean, per pod: the room is
+    the pool's (a pod past the mean takes from it), split like a pod's, and what is theirs is spread
+    over the pods under the mean by their room there (``None`` without ``pod_requests``)."""
+    limit = thresholds.pod_requests
+    if limit is None:
+        return None
+    below = {p.address: limit - p.running - p.waiting for p in pods if p.running + p.waiting < limit}
+    pool = limit * len(pods) - sum(p.running + p.waiting for p in pods)
+    if pool <= 0 or not below:
+        return {}
+    newest = max(p.updated_at for p in pods)
+    theirs = pool - _mine(pool, me, k, f"pool|{newest!r}")
+    total = sum(below.values())  # >= pool: every share is at most its pod's room
+    shares = {address: theirs * left // total for address, left in below.items()}
+    for address in sorted(below)[: theirs - sum(shares.values())]:  # what the rounding left
+        shares[address] += 1
+    return shares
