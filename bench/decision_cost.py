@@ -8,8 +8,8 @@
   loopback, one stream at a time and 16 at a time, with the client in the same process;
 - the server's CPU per stream, with the client in another process (16 streams at a time);
 - the director's CPU per decision with a 4 KB prompt under config/profiles/gie-default.yaml, with its
-  prefix-cache scorer and without it (``--prefix`` runs this case alone and writes
-  bench/results/decision_cost_prefix.json).
+  prefix-cache scorer and without it, and under config/profiles/best.yaml with and without its prefix
+  plugins (``--prefix`` runs this case alone and writes bench/results/decision_cost_prefix.json).
 
 Prints the numbers and writes bench/results/decision_cost.json. Takes about 25 s.
 """
@@ -178,18 +178,48 @@ def prefix_bodies(count: int, rng: random.Random) -> list[bytes]:
     return bodies
 
 
+def without_affinity(node: Any) -> Any:
+    """A decision tree with its ``prefix affinity`` nodes replaced by what follows them."""
+    if isinstance(node, dict):
+        if node.get("filter") == "prefix affinity":
+            return without_affinity(node["onSuccessOrFailure"])
+        return {k: without_affinity(v) for k, v in node.items()}
+    return node
+
+
+def best_without_prefix(best: dict[str, Any]) -> dict[str, Any]:
+    """best.yaml less its prefix plugins: least work without the prefix, no prefix affinity, no producer."""
+    plugins = []
+    for plugin in best["plugins"]:
+        if plugin["type"] in ("prefix-cache-affinity-filter", "approx-prefix-cache-producer"):
+            continue
+        if plugin["type"] == "least-work-prefix-filter":
+            plugin = {**plugin, "type": "least-work-filter"}
+        elif plugin["type"] == "decision-tree":
+            plugin = {**plugin, "parameters": {"tree": without_affinity(plugin["parameters"]["tree"])}}
+        plugins.append(plugin)
+    return {**best, "plugins": plugins}
+
+
 def bench_prefix() -> dict[str, float]:
     """CPU µs per route (and its release), 4 KB prompts, gie-default with and without its prefix scorer
-    (the index warmed by a first pass over the bodies: its lookups find blocks)."""
+    and best with and without its prefix plugins (the index warmed by a first pass over the bodies: its
+    lookups find blocks)."""
     doc = yaml.safe_load(GIE_DEFAULT.read_text(encoding="utf-8"))
     without = json.loads(json.dumps(doc))
     without["plugins"] = [p for p in without["plugins"] if p["type"] != "prefix-cache-scorer"]
     without["profiles"][0]["plugins"] = [
         e for e in without["profiles"][0]["plugins"] if e["pluginRef"] != "prefix-cache-scorer"
     ]
+    best = yaml.safe_load(BEST.read_text(encoding="utf-8"))
     bodies = prefix_bodies(512, random.Random(7))
     out: dict[str, float] = {}
-    for name, settings in (("with_prefix", doc), ("without_prefix", without)):
+    for name, settings in (
+        ("with_prefix", doc),
+        ("without_prefix", without),
+        ("best_with_prefix", best),
+        ("best_without_prefix", best_without_prefix(best)),
+    ):
         for n in (3, 512):
             cfg = config().model_copy(
                 update={

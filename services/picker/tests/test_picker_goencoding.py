@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json.encoder
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pointsman_picker import goencoding
 
@@ -88,3 +92,22 @@ def test_numbers_like_go(literal, expected):
 def test_loads_refuses_what_go_refuses(raw):
     with pytest.raises(ValueError, match=r"."):
         goencoding.loads(raw)
+
+
+def go_string(text: str) -> bytes:
+    """Go's string escaping written out: json's (quotes, backslash, \\b \\f \\n \\r \\t, other controls as
+    \\u00xx, non-ASCII kept), then the HTML characters and U+2028, U+2029; a lone surrogate as U+FFFD."""
+    escaped = json.encoder.py_encode_basestring(goencoding._SURROGATE.sub("\ufffd", text))
+    for char in "<>&\u2028\u2029":
+        escaped = escaped.replace(char, f"\\u{ord(char):04x}")
+    return escaped.encode()
+
+
+# every character class Go's escaping treats apart, surrogates included
+TEXT = st.text(st.sampled_from('<>&"\\/\b\f\n\r\t\x00\x1f\x7f\u2028\u2029\ud800\udfffé€😀a')) | st.text()
+
+
+@given(TEXT, TEXT)
+def test_strings_are_escaped_as_go_escapes_them(key, value):
+    assert goencoding.dumps(value) == go_string(value)
+    assert goencoding.dumps({key: [value]}) == b"{" + go_string(key) + b":[" + go_string(value) + b"]}"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pointsman_picker.scheduling.prefix_index import PrefixIndex, block_hashes
+from pointsman_picker.scheduling.prefix_index import BlockHasher, PrefixIndex, block_hashes
 
 
 def chain(model: str, blocks: list[bytes]) -> tuple[int, ...]:
@@ -40,6 +42,70 @@ def test_the_model_and_the_salt_seed_the_chain():
     assert block_hashes("base", "s", data, 64, 256) != base
     assert block_hashes("base", "s", data, 64, 256) == chain("bases", [b"x" * 64] * 2)  # model then salt
     assert block_hashes("base", "", data, 64, 256) == base  # deterministic
+
+
+SYSTEM = b"You are a careful assistant. " * 8  # 224 bytes: 3 blocks of 64 and a part
+
+
+@pytest.mark.parametrize(
+    "prompts",
+    [
+        [SYSTEM + b"first question " * 9, SYSTEM + b"other question " * 9],  # a shared system prompt
+        [SYSTEM * 2, SYSTEM * 2],  # the same prompt again
+        [SYSTEM * 3, SYSTEM, SYSTEM * 3],  # shorter, then longer than the one remembered
+        [SYSTEM[:64] + b"x" * 128, SYSTEM * 2],  # only the first block shared
+        [SYSTEM * 2, SYSTEM[:63], SYSTEM[:64]],  # shorter than a block, then one block
+        [b"\xe2\x82\xac" * 100, b"\xe2\x82\xac" * 99 + b"x"],  # multi-byte UTF-8
+    ],
+)
+def test_the_hasher_reuses_a_shared_beginning_with_the_same_hashes(prompts):
+    hasher = BlockHasher()
+    for data in prompts:
+        assert hasher("m", "", data, 64, 256) == block_hashes("m", "", data, 64, 256)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (("m", "", 64, 256), ("adapter", "", 64, 256)),  # another model
+        (("m", "", 64, 256), ("m", "salt", 64, 256)),  # another salt
+        (("m", "", 64, 256), ("m", "", 32, 256)),  # another block size
+        (("m", "", 64, 256), ("m", "", 64, 2)),  # fewer blocks
+        (("m", "", 64, 2), ("m", "", 64, 256)),  # more blocks than remembered
+    ],
+)
+def test_the_hasher_reuses_only_what_the_same_parameters_hashed(first, second):
+    hasher = BlockHasher()
+    data = SYSTEM * 3
+    model, salt, chars, blocks = first
+    hasher(model, salt, data, chars, blocks)
+    model, salt, chars, blocks = second
+    assert hasher(model, salt, data, chars, blocks) == block_hashes(model, salt, data, chars, blocks)
+
+
+BLOCKS = [b"aaaa", b"abab", b"bbbb", b"aaab"]
+
+
+@given(
+    st.integers(1, 3),
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(BLOCKS), max_size=8).map(b"".join),
+            st.binary(max_size=5),  # a tail of a part block, or more
+            st.sampled_from(["m", "n"]),
+            st.sampled_from(["", "s"]),
+            st.sampled_from([2, 4, 8]),
+            st.sampled_from([1, 3, 256]),
+        ),
+        max_size=12,
+    ),
+)
+def test_the_hasher_is_block_hashes(limit, calls):
+    """Prompts from a few blocks share beginnings of every length; a small memory forgets some."""
+    hasher = BlockHasher(limit)
+    for body, tail, model, salt, chars, blocks in calls:
+        data = body + tail
+        assert hasher(model, salt, data, chars, blocks) == block_hashes(model, salt, data, chars, blocks)
 
 
 @pytest.mark.parametrize(

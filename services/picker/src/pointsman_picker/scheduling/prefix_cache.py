@@ -24,7 +24,7 @@ from typing import ClassVar, NamedTuple
 
 from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.contracts import RequestPlugin, Ticket
-from pointsman_picker.scheduling.prefix_index import PrefixIndex, block_hashes
+from pointsman_picker.scheduling.prefix_index import BlockHasher, PrefixIndex
 from pointsman_picker.scheduling.prompt import CHARS_PER_TOKEN, prompt_bytes
 from pointsman_picker.scheduling.types import CycleState, DataKey, Pods, SchedulingRequest
 
@@ -88,6 +88,7 @@ class PrefixCacheProducer(RequestPlugin):
         self.capacity = capacity
         self._announce_every = announce_every
         self.index = PrefixIndex()
+        self._hashes = BlockHasher()
         self._outbox: deque[Announcement] = deque()
         self._outbox_limit = outbox_limit
         self._queued = 0  # hashes in the outbox
@@ -114,7 +115,7 @@ class PrefixCacheProducer(RequestPlugin):
             blocks = self._max_tokens * CHARS_PER_TOKEN // chars
         body = request.body
         salt = body.get("cache_salt")
-        hashes = block_hashes(
+        hashes = self._hashes(
             request.target_model or "",
             salt if isinstance(salt, str) else "",
             prompt_bytes(body),
