@@ -113,7 +113,10 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         LeastQueuing.type_name: ({}, lambda p: LeastQueuing()),
         LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
         LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
-        LeastWorkWithPrefix.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWorkWithPrefix(*_work(p))),
+        LeastWorkWithPrefix.type_name: (
+            {**WORK_PARAMETERS, "heldPrefixWeight": 1.0},
+            lambda p: LeastWorkWithPrefix(*_work(p), float(p["heldPrefixWeight"])),
+        ),
         LoraSpreadAffinity.type_name: (
             {
                 "threshold": config.lora_affinity_threshold,
