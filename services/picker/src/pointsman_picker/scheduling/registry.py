@@ -115,7 +115,7 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
         LeastWorkWithPrefix.type_name: (
             {**WORK_PARAMETERS, "heldPrefixWeight": 1.0},
-            lambda p: LeastWorkWithPrefix(*_work(p), float(p["heldPrefixWeight"])),
+            lambda p: LeastWorkWithPrefix(*_work(p), held_weight=float(p["heldPrefixWeight"])),
         ),
         LoraSpreadAffinity.type_name: (
             {
