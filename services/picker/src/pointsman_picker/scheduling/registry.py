@@ -92,8 +92,9 @@ WORK_PARAMETERS: dict[str, Any] = {
 }
 
 
-def _work(p: Mapping[str, Any]) -> tuple[float, ...]:
-    return tuple(float(p[key]) for key in WORK_PARAMETERS)
+def _work(p: Mapping[str, Any]) -> tuple[float, float, float, float, float]:
+    pending, running, kv_cache, waiting, tolerance = (float(p[key]) for key in WORK_PARAMETERS)
+    return pending, running, kv_cache, waiting, tolerance
 
 
 def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
@@ -115,7 +116,7 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
         LeastWorkWithPrefix.type_name: (
             {**WORK_PARAMETERS, "heldPrefixWeight": 1.0},
-            lambda p: LeastWorkWithPrefix(*_work(p), held_weight=float(p["heldPrefixWeight"])),
+            lambda p: LeastWorkWithPrefix(*_work(p), float(p["heldPrefixWeight"])),
         ),
         LoraSpreadAffinity.type_name: (
             {
