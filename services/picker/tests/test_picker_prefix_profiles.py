@@ -174,21 +174,24 @@ def test_the_affinity_filter_explores_with_its_probability():
 
 
 @pytest.mark.parametrize(
-    ("matched", "pending", "kept"),
+    ("matched", "pending", "weight", "kept"),
     [
-        ({}, {}, ["a", "b", "c"]),  # no hits: the same prefill everywhere
-        ({"b": 10}, {}, ["b"]),  # b holds the whole prompt: 1,000 tokens less to compute
-        ({"b": 5}, {"b": 700.0}, ["a", "c"]),  # half of it, behind 700 pending tokens: more work
-        ({"a": 9, "b": 10}, {}, ["a", "b"]),  # within the tolerance of each other
+        ({}, {}, 1.0, ["a", "b", "c"]),  # no hits: the same prefill everywhere
+        ({}, {"a": 700.0}, 3.0, ["b", "c"]),  # nothing held: the weight changes nothing
+        ({"b": 10}, {}, 1.0, ["b"]),  # b holds the whole prompt: 1,000 tokens less to compute
+        ({"b": 5}, {"b": 700.0}, 1.0, ["a", "c"]),  # half of it, behind 700 pending tokens: more work
+        ({"b": 5}, {"b": 700.0}, 2.0, ["b"]),  # the 500 held tokens count twice: worth the wait
+        ({"a": 9, "b": 10}, {}, 1.0, ["a", "b"]),  # within the tolerance of each other
+        ({"a": 9, "b": 10}, {}, 2.0, ["b"]),  # the block between them counts twice: past it
     ],
 )
-def test_least_work_with_prefix_counts_the_prompt_a_pod_lacks(matched, pending, kept):
+def test_least_work_with_prefix_counts_the_prompt_a_pod_lacks(matched, pending, weight, kept):
     pods = (pod(address="a"), pod(address="b"), pod(address="c"))
     state = CycleState()
     state[PREFIX_MATCH] = (tuple(range(10)), matched, pods)
     state[PROMPT_TOKENS] = 1000
     state[PENDING_PREFILL] = pending
-    filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5)
+    filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5, weight)
     assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
 
 

@@ -220,7 +220,10 @@ class LeastWorkWithPrefix(Filter):
     pod does not hold in its prefix cache (``PROMPT_TOKENS`` times the share of blocks it probably
     lacks, from ``PREFIX_MATCH``) at ``per_pending_token`` each. A pod holding most of a long prompt
     saves that much of the request's time to first token, so prefix affinity is weighed in the same
-    unit as the pods' load, not as a score beside it."""
+    unit as the pods' load, not as a score beside it. ``held_weight`` scales what a held token takes
+    off: 1 counts the request's own time alone; above 1 also the prefill a miss would add to the
+    steps of every request on that pod, and the copy of the prefix a second pod would then hold.
+    Prompts no pod holds take nothing off anywhere, so they pick as with 1."""
 
     type_name: ClassVar[str] = "least-work-prefix-filter"
     consumes = (PENDING_PREFILL, PROMPT_TOKENS, PREFIX_MATCH)
@@ -229,6 +232,7 @@ class LeastWorkWithPrefix(Filter):
     per_kv_cache: float
     per_waiting: float
     tolerance: float
+    held_weight: float = 1.0
 
     def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         if len(pods) < 2:
@@ -241,7 +245,7 @@ class LeastWorkWithPrefix(Filter):
         per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
         # The prefill every pod would do without a hit; a hit takes its share of the blocks off.
         own = per_pending_token * prompt
-        per_block = own / len(hashes) if hashes else 0.0
+        per_block = self.held_weight * own / len(hashes) if hashes else 0.0
         costs = [
             per_pending_token * pending.get(pod.address, 0.0)
             + own

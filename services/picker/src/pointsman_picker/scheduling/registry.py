@@ -92,8 +92,9 @@ WORK_PARAMETERS: dict[str, Any] = {
 }
 
 
-def _work(p: Mapping[str, Any]) -> tuple[float, ...]:
-    return tuple(float(p[key]) for key in WORK_PARAMETERS)
+def _work(p: Mapping[str, Any]) -> tuple[float, float, float, float, float]:
+    pending, running, kv_cache, waiting, tolerance = (float(p[key]) for key in WORK_PARAMETERS)
+    return pending, running, kv_cache, waiting, tolerance
 
 
 def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
@@ -113,7 +114,10 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         LeastQueuing.type_name: ({}, lambda p: LeastQueuing()),
         LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
         LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
-        LeastWorkWithPrefix.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWorkWithPrefix(*_work(p))),
+        LeastWorkWithPrefix.type_name: (
+            {**WORK_PARAMETERS, "heldPrefixWeight": 1.0},
+            lambda p: LeastWorkWithPrefix(*_work(p), float(p["heldPrefixWeight"])),
+        ),
         LoraSpreadAffinity.type_name: (
             {
                 "threshold": config.lora_affinity_threshold,
