@@ -464,29 +464,24 @@ class H2Protocol:
         if length < 5:
             return False
         compressed, size = wire.unpack_grpc_prefix(view, start)
+        receiving = self._receiving
         if (
             compressed
             or size != length - 5
             or size > self._max_message
-            or length > stream.recv_window
             or stream.remote_closed
             or stream.finished
             or stream.inbox
             or stream.reserved
             or self._header_block is not None
-            or (call := stream.call) is None
+            or stream.call is None
+            or not receiving.stream_read(stream, length)  # last: it takes the frame off the window
         ):
             return False
-        receiving = self._receiving
         increment = receiving.connection_read(length)
         if increment:
             self._write(wire.window_update(0, increment))
-        stream.recv_window -= length
-        try:
-            call.message(bytes(view[start + 5 : end]))
-        except Exception:
-            log.exception("gRPC method failed on stream %d", stream.id)
-            self._refuse(stream, Status.INTERNAL, "internal error")
+        self._dispatch(stream, bytes(view[start + 5 : end]))
         if not stream.finished:
             grant = receiving.stream_grant(stream)
             if grant:
