@@ -244,6 +244,7 @@ def front_bootstrap(
     body_mode: str | None = None,
     response_body: bool = True,
     tracing: envoy.EnvoyTracing | None = None,
+    body_without_waiting: bool = False,
 ) -> tuple[dict[str, Any], int]:
     """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
     request would cost Envoy more than some of what is measured); returns it and its gateway port."""
@@ -256,6 +257,7 @@ def front_bootstrap(
         request_body_mode=body_mode,
         response_body=response_body,
         tracing=tracing,
+        body_without_waiting=body_without_waiting,
     )
     doc = envoy.bootstrap(options)
     _hcm(doc).pop("access_log")
@@ -718,10 +720,15 @@ class Setup:
     responses: bool
     body_mode: str | None = None  # None: the bootstrap's default with or without responses
     response_body: bool = True
+    body_without_waiting: bool = False
 
     def bootstrap(self, pickers: Sequence[int]) -> tuple[dict[str, Any], int]:
         return front_bootstrap(
-            pickers, responses=self.responses, body_mode=self.body_mode, response_body=self.response_body
+            pickers,
+            responses=self.responses,
+            body_mode=self.body_mode,
+            response_body=self.response_body,
+            body_without_waiting=self.body_without_waiting,
         )
 
 

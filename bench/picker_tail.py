@@ -35,12 +35,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import picker as bench
 
+from pointsman_devstack import envoy
 from pointsman_devstack.ports import free_port
 from pointsman_shared import aio
 from pointsman_shared.stats import percentile
 
 PROBE = Path(__file__).parent / "tail_probe"
-MODES = {s.name: s for s in bench.SETUPS}
+MODES = {s.name: s for s in bench.SETUPS} | {
+    # As shipped, but the request body STREAMED and sent without waiting for the header answer.
+    "early_body": bench.Setup(
+        "early_body", "", responses=True, body_mode=envoy.STREAMED, body_without_waiting=True
+    ),
+}
 
 
 def schedstat(pid: int) -> tuple[float, float, int]:
