@@ -109,3 +109,41 @@ if OUT:
             events["sync"].append((t, (mono() - t) * 1e3))
 
     prefix_sync.RedisPrefixSync.sync = sync
+
+    # The request path's main steps: each call that took more than 0.2 ms of CPU, by name.
+    events["slow_calls"] = []
+
+    def _timed(owner, name):  # type: ignore[no-untyped-def]
+        inner = getattr(owner, name)
+        label = f"{owner.__name__}.{name}"
+
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            t, c = mono(), cpu()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent = cpu() - c
+                if spent > 0.0002:
+                    events["slow_calls"].append((t, label, spent * 1e3, (mono() - t) * 1e3))
+
+        setattr(owner, name, timed)
+
+    from pointsman_picker import director as _director
+    from pointsman_picker import metrics as _metrics
+    from pointsman_picker.extproc import servicer as _servicer
+    from pointsman_picker.extproc import stream as _stream
+    from pointsman_picker.h2grpc import protocol as _protocol
+
+    for owner, names in (
+        (
+            _stream.RequestStream,
+            ("_on_headers", "_on_body", "_on_response_headers", "response_chunk", "closed"),
+        ),
+        (_stream.RequestStream, ("_decide", "_routed", "_complete")),
+        (_director.Director, ("route", "release")),
+        (_metrics.PickerMetrics, ("completed", "finished")),
+        (_servicer.ExtProcService, ("open", "close")),
+        (_protocol.H2Protocol, ("_header_block_done", "_end", "_rst_stream", "_window_update", "_settings")),
+    ):
+        for name in names:
+            _timed(owner, name)
