@@ -1,8 +1,11 @@
 """A probe for the picker's tail (bench/picker_tail.py --probe): imported at start-up when this folder is
 on PYTHONPATH and TAIL_PROBE names an output file. It records, on the monotonic clock the client shares:
-every cyclic-GC pass (generation, duration), the event loop's lateness (a 2 ms sleep woken late), every
-read the HTTP/2 server handled that took longer than 0.3 ms, and each snapshot refresh and decode; the
-process writes them as JSON when it exits. Not part of the picker: an experiment's instrument."""
+every cyclic-GC pass (generation, duration), the event loop's lateness (a 2 ms sleep woken late, and the
+CPU the loop spent meanwhile), every read the HTTP/2 server handled that took longer than 0.3 ms (wall,
+and the thread's CPU), each snapshot refresh and decode, each prefix-sync round, and each call of the
+request path's main steps (stream handlers, the decision, metrics, stream open/close, HTTP/2 stream
+ends) that took more than 0.2 ms of CPU; the process writes them as JSON when it exits. Not part of the
+picker: an experiment's instrument (it costs the picker a wakeup every 2 ms)."""
 
 import atexit
 import gc
