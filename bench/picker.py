@@ -760,6 +760,15 @@ SETUPS = (
         responses=False,
         body_mode=envoy.BUFFERED,
     ),
+    Setup(
+        "early_body",
+        "as shipped, but the request body STREAMED and sent without waiting for the header answer "
+        "(send_body_without_waiting_for_header_response; EnvoyOptions(request_body_mode=STREAMED, "
+        "body_without_waiting=True)): the picker holds that answer, with the route, until the body is in",
+        responses=True,
+        body_mode=envoy.STREAMED,
+        body_without_waiting=True,
+    ),
 )
 # The streamed workload: a chat UI's requests, every token an SSE event (and an ext_proc message when
 # the picker sees response bodies).

@@ -5,8 +5,8 @@ moves by several milliseconds from one run to the next, so a change to the picke
 rounds taken in turn: every round runs each setup for ``--seconds`` at ``--rate`` (the order reversed
 every other round), the load average read before each run. Setups: ``alone`` (Envoy without
 ext_proc), and the picker behind its own Envoy in a mode of ``bench/picker.py`` (``shipped``,
-``buffered``, ``headers_only``, ``requests_only``), this tree's picker package or, with ``@before``,
-``--against``'s (``shipped@before``).
+``buffered``, ``headers_only``, ``requests_only``, ``early_body``), this tree's picker package or, with
+``@before``, ``--against``'s (``shipped@before``).
 
 Per run: p50 / p99 / p99.9 from each request's send, how late the client sent (``send_lag_p99_ms``),
 the connections it opened, each process's CPU in cores and its run-queue wait (``/proc/PID/task/*/
@@ -35,18 +35,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import picker as bench
 
-from pointsman_devstack import envoy
 from pointsman_devstack.ports import free_port
 from pointsman_shared import aio
 from pointsman_shared.stats import percentile
 
 PROBE = Path(__file__).parent / "tail_probe"
-MODES = {s.name: s for s in bench.SETUPS} | {
-    # As shipped, but the request body STREAMED and sent without waiting for the header answer.
-    "early_body": bench.Setup(
-        "early_body", "", responses=True, body_mode=envoy.STREAMED, body_without_waiting=True
-    ),
-}
+MODES = {s.name: s for s in bench.SETUPS}
 
 
 def schedstat(pid: int) -> tuple[float, float, int]:
