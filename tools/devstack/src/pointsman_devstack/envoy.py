@@ -138,7 +138,8 @@ class EnvoyOptions:
     # With request_body_mode STREAMED: Envoy sends the body chunks without waiting for the header answer
     # (send_body_without_waiting_for_header_response), and the picker holds that answer, which carries
     # the route, until the body is in: one wait for the picker on the request side instead of
-    # BUFFERED's two, while Envoy still holds every chunk until the picker answers it.
+    # BUFFERED's two, while Envoy still holds every chunk until the picker answers it. A client that
+    # pauses longer than message_timeout_s within its body gets 503 (docs/envoy.md, "Body modes").
     body_without_waiting: bool = False
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
