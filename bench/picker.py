@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -243,6 +244,7 @@ def front_bootstrap(
     body_mode: str | None = None,
     response_body: bool = True,
     tracing: envoy.EnvoyTracing | None = None,
+    body_without_waiting: bool = False,
 ) -> tuple[dict[str, Any], int]:
     """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
     request would cost Envoy more than some of what is measured); returns it and its gateway port."""
@@ -255,6 +257,7 @@ def front_bootstrap(
         request_body_mode=body_mode,
         response_body=response_body,
         tracing=tracing,
+        body_without_waiting=body_without_waiting,
     )
     doc = envoy.bootstrap(options)
     _hcm(doc).pop("access_log")
@@ -314,10 +317,12 @@ class Pickers:
         label: str,
         tracing: dict[str, Any] | None = None,
         profile: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> tuple[ManagedProcess, int]:
         """A picker with ``picker.server`` from ``label`` (``native``, or ``native@before``: the picker
         package of ``--against``'s tree), the ``tracing`` section and a ``profile`` (a profile file's
-        ``picker``, ``plugins`` and ``profiles``) on fresh ports; returns it and its ext_proc port."""
+        ``picker``, ``plugins`` and ``profiles``) on fresh ports, with ``env`` added to its environment
+        (a ``PYTHONPATH`` there goes after the tree's); returns it and its ext_proc port."""
         server, _, tree = label.partition("@")
         ext_proc, health, metrics = free_port(), free_port(), free_port()
         doc = derive_config(self.config, self.ports, self.redis.url, HOST)
@@ -334,11 +339,13 @@ class Pickers:
         )
         path = self.run_dir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-        env = None
+        extra = dict(env or {})
         if tree:
             assert self.against is not None
-            env = self.env | {"PYTHONPATH": str(self.against / "services" / "picker" / "src")}
-        process = self._spawn(name, [str(VENV_BIN / "pointsman-picker"), "--config", str(path)], env)
+            paths = [str(self.against / "services" / "picker" / "src"), extra.get("PYTHONPATH", "")]
+            extra["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        argv = [str(VENV_BIN / "pointsman-picker"), "--config", str(path)]
+        process = self._spawn(name, argv, self.env | extra if extra else None)
         wait_ready(process, grpc_serving(f"{HOST}:{health}"), timeout=30, what="gRPC health SERVING")
         return process, ext_proc
 
@@ -411,6 +418,19 @@ class Connection(asyncio.Protocol):
         self._done.set_result(int(status[1]) if status else 0)
         if _CLOSE.search(head) and self.transport is not None:
             self.transport.close()
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The client's cyclic GC off for a latency run: this process holds every result so far, and one
+    full pass over it took 48 ms (bench/results/HISTORY.md, 2026-12-04), which the requests in flight
+    then counted as the proxies' latency."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def http_request(port: int, body: bytes) -> bytes:
@@ -700,10 +720,15 @@ class Setup:
     responses: bool
     body_mode: str | None = None  # None: the bootstrap's default with or without responses
     response_body: bool = True
+    body_without_waiting: bool = False
 
     def bootstrap(self, pickers: Sequence[int]) -> tuple[dict[str, Any], int]:
         return front_bootstrap(
-            pickers, responses=self.responses, body_mode=self.body_mode, response_body=self.response_body
+            pickers,
+            responses=self.responses,
+            body_mode=self.body_mode,
+            response_body=self.response_body,
+            body_without_waiting=self.body_without_waiting,
         )
 
 
@@ -734,6 +759,15 @@ SETUPS = (
         "request headers SEND + body BUFFERED, no response processing",
         responses=False,
         body_mode=envoy.BUFFERED,
+    ),
+    Setup(
+        "early_body",
+        "as shipped, but the request body STREAMED and sent without waiting for the header answer "
+        "(send_body_without_waiting_for_header_response; EnvoyOptions(request_body_mode=STREAMED, "
+        "body_without_waiting=True)): the picker holds that answer, with the route, until the body is in",
+        responses=True,
+        body_mode=envoy.STREAMED,
+        body_without_waiting=True,
     ),
 )
 # The streamed workload: a chat UI's requests, every token an SSE event (and an ext_proc message when
@@ -770,7 +804,7 @@ class Bench:
 
     def fixed(self, port: int, body: bytes, meter: Meter) -> dict[str, Any]:
         calibration = calibration_ms()
-        with meter.run() as usage:
+        with meter.run() as usage, no_gc():
             result: dict[str, Any] = aio.run(fixed_rate(port, body, self.rate, self.seconds))
         return result | usage.report(result["requests"]) | {"calibration_ms": calibration}
 

@@ -188,6 +188,12 @@ CASES = {
     # The default with responses shown to the picker. Killed 1.5 s after it started, as in the report
     # of failures 2.8 s later (they were FULL_DUPLEX_STREAMED's, below).
     "buffered": ({}, {"kill_after_start": 1.5, "slow_uploads": False}),
+    # STREAMED, the body sent without waiting for the header answer: Envoy holds every chunk until
+    # the picker answers it, so it can go on without one that died.
+    "early-body": (
+        {"request_body_mode": envoy.STREAMED, "body_without_waiting": True},
+        {"kill_after_start": 1.5, "slow_uploads": True},
+    ),
     # Requests only: Envoy closes the stream once routed. Slow uploads leave streams open, unanswered,
     # on the dying picker: Envoy replays them to the other one.
     "full-duplex-requests-only": (

@@ -1,5 +1,6 @@
 """The ext_proc protocol through a real Envoy: response-side counting (the stack's Envoy shows the
-picker every response) and FULL_DUPLEX_STREAMED request bodies (a second Envoy, same picker)."""
+picker every response) and FULL_DUPLEX_STREAMED request bodies, or STREAMED ones sent without waiting
+for the header answer (a second Envoy, same picker)."""
 
 from __future__ import annotations
 
@@ -117,6 +118,15 @@ def full_duplex_gateway(stack: Stack) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
+def early_body_gateway(stack: Stack) -> Iterator[httpx.Client]:
+    """A second Envoy in front of the same picker, sending request bodies STREAMED without waiting for
+    the header answer (which the picker holds until the body is in)."""
+    yield from second_gateway(
+        stack, "envoy-early-body", request_body_mode=envoy.STREAMED, body_without_waiting=True
+    )
+
+
+@pytest.fixture(scope="module")
 def headers_only_gateway(stack: Stack) -> Iterator[httpx.Client]:
     """A second Envoy showing the picker response headers but not response bodies."""
     yield from second_gateway(stack, "envoy-headers-only", response_body=False)
@@ -160,13 +170,16 @@ def chunked(data: bytes, size: int) -> Iterator[bytes]:
 
 
 @pytest.mark.parametrize("prompt_bytes", [10, 200_000])
-def test_a_full_duplex_body_in_many_chunks_is_routed_and_rewritten(
-    full_duplex_gateway: httpx.Client, stack: Stack, pool: Pool, prompt_bytes: int
+@pytest.mark.parametrize("mode", ["full_duplex", "early_body"])
+def test_a_streamed_body_in_many_chunks_is_routed_and_rewritten(
+    request: pytest.FixtureRequest, stack: Stack, pool: Pool, prompt_bytes: int, mode: str
 ) -> None:
     # tweet-summary always resolves to another name, so the body is rewritten (and, when big, sent
-    # back to Envoy in several 62,000-byte chunks).
+    # back to Envoy in several 62,000-byte chunks, FULL_DUPLEX_STREAMED; STREAMED: in place of the last
+    # chunk, the earlier ones cleared).
+    gateway: httpx.Client = request.getfixturevalue(f"{mode}_gateway")
     data = json.dumps(completion("tweet-summary", prompt="x" * prompt_bytes)).encode()
-    response = full_duplex_gateway.post("/v1/completions", content=chunked(data, 16_384))
+    response = gateway.post("/v1/completions", content=chunked(data, 16_384))
     assert response.status_code == 200, response.text
     assert response.headers[POD_HEADER] in stack.pod_addresses
     assert response.json()["model"].startswith("tweet-summary-")

@@ -114,6 +114,48 @@ def test_a_rewritten_streamed_body_clears_the_early_chunks():
     assert set_headers(last)["Content-Length"] == "13"
 
 
+def early_body(message: pb.ProcessingRequest) -> pb.ProcessingRequest:
+    """The first message where Envoy sends a STREAMED body without waiting for the header answer."""
+    with_modes(message, request=MODE.STREAMED)
+    message.protocol_config.send_body_without_waiting_for_header_response = True
+    return message
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "early", "last"),
+    [
+        (None, pb.BodyResponse(), pb.BodyResponse()),  # the chunks pass as they are
+        (
+            b'{"model":"t"}',
+            pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(clear_body=True))),
+            pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(body=b'{"model":"t"}'))),
+        ),
+    ],
+)
+def test_a_body_sent_without_waiting_gets_the_route_in_the_held_header_answer(rewrite, early, last):
+    router = FakeRouter(rewrite=rewrite)
+    stream = router.stream(ROOMY)
+    assert stream.handle(early_body(post_headers())) == []  # held: it carries the route
+    assert stream.handle(body(b'{"model"', end_of_stream=False)) == []
+    answers = stream.handle(body(b':"m"}'))
+    assert kinds(answers) == ["request_headers", "request_body", "request_body"]
+    assert set_headers(answers[0], "request_headers") == {
+        "x-dest": "10.0.0.9:8000",
+        "Content-Length": str(len(rewrite or b'{"model":"m"}')),
+    }
+    assert answers[0].request_headers.response.clear_route_cache
+    assert [a.request_body for a in answers[1:]] == [early, last]
+
+
+def test_a_body_sent_without_waiting_ended_by_trailers():
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(early_body(post_headers()))
+    stream.handle(body(b"{}", end_of_stream=False))
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    assert kinds(stream.handle(trailers)) == ["request_headers", "request_body", "request_trailers"]
+
+
 @pytest.mark.parametrize(
     ("size", "chunks"), [(0, [0]), (5, [5]), (62_000, [62_000]), (130_000, [62_000, 62_000, 6_000])]
 )

@@ -57,6 +57,7 @@ def test_reference_config_is_up_to_date() -> None:
         pytest.param(_options(gateway_listen="[::1]:18080", pickers=("[::1]:19002",)), id="ipv6"),
         pytest.param(_options(request_body_mode="BUFFERED"), id="buffered"),
         pytest.param(_options(request_body_mode="FULL_DUPLEX_STREAMED"), id="full-duplex"),
+        pytest.param(_options(request_body_mode="STREAMED", body_without_waiting=True), id="early-body"),
         pytest.param(_options(response_processing=False), id="requests-only"),
     ],
 )
@@ -104,11 +105,20 @@ def test_ext_proc_matches_the_picker_contract() -> None:
             {"request_body_mode": "FULL_DUPLEX_STREAMED"},
             {"request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"},
         ),
+        (
+            {"request_body_mode": "STREAMED", "body_without_waiting": True},
+            {"request_body_mode": "STREAMED", "request_trailer_mode": "SEND"},
+        ),
+        # Without STREAMED the flag means nothing to Envoy, and is left out.
+        ({"body_without_waiting": True}, {"request_body_mode": "BUFFERED", "request_trailer_mode": "SKIP"}),
     ],
 )
 def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str, str]) -> None:
-    mode = _ext_proc(envoy.bootstrap(_options(**overrides)))["processing_mode"]
+    ext_proc = _ext_proc(envoy.bootstrap(_options(**overrides)))
+    mode = ext_proc["processing_mode"]
     assert {key: mode[key] for key in expected} == expected
+    early = ext_proc.get("send_body_without_waiting_for_header_response", False)
+    assert early is (mode["request_body_mode"] == "STREAMED")
 
 
 @pytest.mark.parametrize(

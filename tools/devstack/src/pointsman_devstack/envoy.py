@@ -46,6 +46,7 @@ _OPENTELEMETRY = _TYPE_URL + "envoy.config.trace.v3.OpenTelemetryConfig"
 
 FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
 BUFFERED = "BUFFERED"
+STREAMED = "STREAMED"
 # Every ImmediateResponse of the picker names itself in its details (responses.py: "pointsman_<result>");
 # the ext_proc filter's own failures (stream error, message timeout) are "ext_proc_error_...".
 PICKER_DETAILS_PREFIX = "pointsman_"
@@ -131,8 +132,15 @@ class EnvoyOptions:
     # the picker, Envoy 1.40 ignores failure_mode_allow for the rest of the request, so with responses
     # processed a picker that dies fails every request it routed (docs/envoy.md, "Body modes"). BUFFERED
     # keeps the client's Content-Length (the picker fixes it). STREAMED cannot route on the body in
-    # Envoy 1.40: the upstream is picked as soon as the headers are answered.
+    # Envoy 1.40 (the upstream is picked as soon as the headers are answered) unless
+    # body_without_waiting (below).
     request_body_mode: str | None = None
+    # With request_body_mode STREAMED: Envoy sends the body chunks without waiting for the header answer
+    # (send_body_without_waiting_for_header_response), and the picker holds that answer, which carries
+    # the route, until the body is in: one wait for the picker on the request side instead of
+    # BUFFERED's two, while Envoy still holds every chunk until the picker answers it. A client that
+    # pauses longer than message_timeout_s within its body gets 503 (docs/envoy.md, "Body modes").
+    body_without_waiting: bool = False
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
     response_processing: bool = True
@@ -395,14 +403,20 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             # mismatch).
             "processing_mode": _processing_mode(options),
             "allow_mode_override": options.allow_mode_override,
+            **({"send_body_without_waiting_for_header_response": True} if _early_body(options) else {}),
             # Envoy drops dynamic metadata from the processor unless its namespace is listed here.
             "metadata_options": {"receiving_namespaces": {"untyped": [options.metadata_namespace]}},
         },
     }
 
 
+def _early_body(options: EnvoyOptions) -> bool:
+    return options.body_without_waiting and options.body_mode == STREAMED
+
+
 def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
-    full_duplex = options.body_mode == FULL_DUPLEX
+    # In these modes trailers can end a body the picker has not answered yet.
+    full_duplex = options.body_mode == FULL_DUPLEX or _early_body(options)
     return {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND" if options.response_processing else "SKIP",

@@ -88,6 +88,14 @@ def request_body_cleared() -> pb.ProcessingResponse:
     )
 
 
+def request_body_replaced(body: bytes) -> pb.ProcessingResponse:
+    """The answer to the last STREAMED chunk of a rewritten body whose route went in the header
+    answer: the whole new body in place of that chunk (the earlier ones were cleared)."""
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(body=body)))
+    )
+
+
 def request_body_routed(
     endpoint: str,
     body: bytes,

@@ -15,6 +15,10 @@ announces in ``protocol_config``:
   order: earlier chunks cleared when the body is rewritten, the last one carrying route and body.
   (Envoy 1.40 picks the upstream as soon as the headers are answered in this mode, so a body that
   arrives after its headers cannot steer the route: use BUFFERED or FULL_DUPLEX_STREAMED.)
+- STREAMED with ``send_body_without_waiting_for_header_response``: Envoy sends the chunks without
+  waiting for the header answer, so that answer is held until the body is complete and carries the
+  route (and Content-Length); then each chunk's answer, earlier ones cleared when the body is
+  rewritten and the last one replaced by the new body.
 - FULL_DUPLEX_STREAMED: nothing is answered until the body is complete; then the header answer
   (route, Content-Length), then the body in chunks of at most 62,000 bytes.
 
@@ -166,6 +170,7 @@ class RequestStream:
         self._size = 0
         self._body_mode: int = _MODE.NONE
         self._response_body_mode: int = _MODE.NONE
+        self._headers_wait = False  # the header answer waits for the whole body (and carries the route)
         self._started = 0.0
         self.routing: Routing | None = None
         self._status = 0
@@ -182,8 +187,14 @@ class RequestStream:
     def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         """The responses to send for one message, in order (none while a streamed body accumulates)."""
         if message.HasField("protocol_config"):
-            self._body_mode = message.protocol_config.request_body_mode
-            self._response_body_mode = message.protocol_config.response_body_mode
+            config = message.protocol_config
+            self._body_mode = config.request_body_mode
+            self._response_body_mode = config.response_body_mode
+            # Where Envoy sends the body without waiting for the header answer, that answer carries
+            # the route, so it waits for the whole body.
+            self._headers_wait = self._body_mode == _FULL_DUPLEX or (
+                self._body_mode == _MODE.STREAMED and config.send_body_without_waiting_for_header_response
+            )
         if self.phase is Phase.FAILED or self.phase is Phase.ANSWERED or self.phase is Phase.QUEUED:
             return []
         kind = message.WhichOneof("request")
@@ -237,7 +248,7 @@ class RequestStream:
                 return [responses.immediate(200, listing, details="pointsman_models")]
             return self._decide(None)
         self.phase = Phase.BODY
-        if self._body_mode == _FULL_DUPLEX:
+        if self._headers_wait:
             return []  # the header answer carries the route, so it waits for the whole body
         return [responses.request_headers_continue()]
 
@@ -371,6 +382,18 @@ class RequestStream:
         # STREAMED: one answer per chunk, in order. Earlier chunks are dropped when the last answer
         # carries a rewritten body; else they pass as they are.
         earlier = responses.request_body_cleared if routing.rewritten else responses.request_body_continue
+        if self._headers_wait:  # the body came without waiting: the held header answer routes
+            last = responses.request_body_replaced(routing.body) if routing.rewritten else earlier()
+            return [
+                responses.request_headers_routed(
+                    routing.endpoint,
+                    destination_header=settings.destination_header,
+                    metadata_namespace=settings.metadata_namespace,
+                    content_length=len(routing.body),
+                ),
+                *(earlier() for _ in range(chunks - 1)),
+                last,
+            ]
         return [
             *(earlier() for _ in range(chunks - 1)),
             responses.request_body_routed(
