@@ -9,8 +9,8 @@
 -- A JSON completion has "usage" in its one object; an SSE stream in its last event when the client
 -- asked for it (stream_options.include_usage; earlier events may say "usage":null). The key or the
 -- object may straddle two chunks: the last bytes of each chunk are searched again with the next.
--- One source: pointsman_devstack.envoy embeds this file into every bootstrap; the Helm chart and the
--- Envoy Gateway overlay hold copies a test keeps equal.
+-- One source: pointsman_devstack.envoy embeds this file into every bootstrap it renders (Envoy
+-- Gateway users give it to an EnvoyExtensionPolicy's lua: docs/envoy.md, "Response side").
 
 local KEY = '"usage"'
 local OVERLAP = #KEY - 1 -- a key split across two chunks is found in the next one
