@@ -423,3 +423,22 @@ async def test_shutdown_ends_the_access_log_streams_at_once(picker):
     assert picker.app.access_log.open_calls == 0
     assert await call == als_pb2.StreamAccessLogsResponse()  # ended by the picker, with OK
     await queue.put(None)
+
+
+async def test_an_access_log_stream_opened_during_shutdown_ends_after_its_first_message(picker):
+    picker.app.access_log.shutting_down()  # as stop() does, before the GOAWAY reaches Envoy
+    message = als_pb2.StreamAccessLogsMessage()
+    log_entry(message, {"model": "sql-lora", "target": "sql-lora"}, None, 10)
+    queue: asyncio.Queue[als_pb2.StreamAccessLogsMessage | None] = asyncio.Queue()
+
+    async def messages():
+        while (found := await queue.get()) is not None:
+            yield found
+
+    call = access_log_call(picker)(messages())
+    await queue.put(message)
+    assert await call == als_pb2.StreamAccessLogsResponse()  # read, then ended by the picker
+    assert picker.app.access_log.open_calls == 0
+    value = picker.app.registry.get_sample_value
+    assert value("pointsman_picker_access_log_entries_total", {"result": "recorded"}) == 1
+    await queue.put(None)

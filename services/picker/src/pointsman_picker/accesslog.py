@@ -107,12 +107,14 @@ def logged_response(entry: accesslog_pb2.HTTPAccessLogEntry) -> LoggedResponse |
 class AccessLogService:
     """Reads a stream's messages: every entry is recorded (``on_logged``) or counted by why not
     (``on_result``). Calls still open at shutdown are ended (:meth:`shutting_down`): Envoy never ends its
-    stream, and opens a new one with its next batch."""
+    stream, and opens a new one with its next batch; one opened after that (before Envoy had the
+    server's GOAWAY) is ended after its first message."""
 
     def __init__(self, *, on_logged: LoggedSink, on_result: ResultSink) -> None:
         self._on_logged = on_logged
         self._on_result = on_result
         self._enders: set[Callable[[], None]] = set()
+        self.closing = False
 
     def message(self, payload: bytes) -> None:
         if len(payload) > MAX_MESSAGE_BYTES:
@@ -151,6 +153,7 @@ class AccessLogService:
         return len(self._enders)
 
     def shutting_down(self) -> None:
+        self.closing = True
         for end in list(self._enders):
             end()
 
@@ -169,6 +172,8 @@ class _AccessLogCall:
     def message(self, payload: bytes) -> None:
         if not self._done:
             self._service.message(payload)
+            if self._service.closing:
+                self.end()
 
     def half_closed(self) -> None:
         self.end()
@@ -226,6 +231,8 @@ class GrpcioAccessLogServicer:
                 if payload is grpc.aio.EOF:
                     break
                 self._service.message(payload)
+                if self._service.closing:
+                    break
         finally:
             self._service.closed(ended.set)
         return _ANSWER
