@@ -242,12 +242,13 @@ def front_bootstrap(
     *,
     responses: bool,
     body_mode: str | None = None,
-    response_body: bool = True,
+    response_body: str = envoy.ACCESS_LOG,
     tracing: envoy.EnvoyTracing | None = None,
     body_without_waiting: bool = False,
 ) -> tuple[dict[str, Any], int]:
-    """The local stack's Envoy in front of ``pickers``, without its access log (one stdout line per
-    request would cost Envoy more than some of what is measured); returns it and its gateway port."""
+    """The local stack's Envoy in front of ``pickers``, without its stdout access log (one line per
+    request would cost Envoy more than some of what is measured; the gRPC one to the pickers stays, it
+    is part of the mode); returns it and its gateway port."""
     gateway = free_port()
     options = envoy.EnvoyOptions(
         gateway_listen=f"{HOST}:{gateway}",
@@ -260,15 +261,21 @@ def front_bootstrap(
         body_without_waiting=body_without_waiting,
     )
     doc = envoy.bootstrap(options)
-    _hcm(doc).pop("access_log")
+    hcm = _hcm(doc)
+    hcm["access_log"] = [log for log in hcm["access_log"] if log["name"] != "envoy.access_loggers.stdout"]
+    if not hcm["access_log"]:
+        hcm.pop("access_log")
     return doc, gateway
 
 
-def alone_bootstrap(pods: Sequence[int]) -> tuple[dict[str, Any], int]:
-    """The same listener minus ext_proc, round robin over the pods."""
+def alone_bootstrap(pods: Sequence[int], *, lua: bool = False) -> tuple[dict[str, Any], int]:
+    """The same listener minus ext_proc, round robin over the pods; with ``lua``, the usage filter
+    (deploy/envoy/usage.lua) before the router, as shipped (its metadata then goes nowhere)."""
     doc, gateway = front_bootstrap([1], responses=False)
     hcm = _hcm(doc)
     hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
+    if lua:
+        hcm["http_filters"].insert(0, envoy.usage_filter())
     hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] = "pods"
     pod_cluster = next(c for c in doc["static_resources"]["clusters"] if c["name"] == envoy.POD_CLUSTER)
     doc["static_resources"]["clusters"] = [
@@ -719,7 +726,7 @@ class Setup:
     what: str
     responses: bool
     body_mode: str | None = None  # None: the bootstrap's default with or without responses
-    response_body: bool = True
+    response_body: str = envoy.ACCESS_LOG
     body_without_waiting: bool = False
 
     def bootstrap(self, pickers: Sequence[int]) -> tuple[dict[str, Any], int]:
@@ -734,19 +741,31 @@ class Setup:
 
 SHIPPED = Setup(
     "shipped",
-    "request headers SEND + body BUFFERED, response headers SEND + body STREAMED, trailers SKIP, "
-    "allow_mode_override: what every shipped bootstrap (deploy/envoy, the standalone-envoy overlay, the "
-    "local stack) configures, and the Envoy Gateway policy without the override",
+    "request headers SEND + body BUFFERED, response headers SEND + body NONE, trailers SKIP, the Lua "
+    "usage filter (deploy/envoy/usage.lua) and Envoy's gRPC access log to the picker (response sizes and "
+    "usage tokens, batched every 0.5 s): what every shipped bootstrap (deploy/envoy, the standalone-envoy "
+    "overlay, the local stack) configures",
     responses=True,
+)
+STREAMED = Setup(
+    "streamed",
+    "request headers SEND + body BUFFERED, response headers SEND + body STREAMED, trailers SKIP, "
+    "allow_mode_override (EnvoyOptions(response_body='streamed'), the default before the access log; "
+    "the Envoy Gateway policy asks the same without the override): the picker sees every chunk of a "
+    "response whose request asked for usage",
+    responses=True,
+    response_body=envoy.RESPONSE_STREAMED,
 )
 SETUPS = (
     SHIPPED,
+    STREAMED,
     Setup(
         "headers_only",
-        "as shipped, but response body NONE (EnvoyOptions(response_body=False)): the picker sees a "
-        "response's headers, and its end when Envoy closes the stream; no usage tokens, no response size",
+        "as shipped, but without the Lua filter and the access log (EnvoyOptions(response_body='none')): "
+        "the picker sees a response's headers, and its end when Envoy closes the stream; no usage "
+        "tokens, no response size",
         responses=True,
-        response_body=False,
+        response_body=envoy.NO_BODY,
     ),
     Setup(
         "requests_only",
@@ -884,19 +903,28 @@ class Bench:
             out["envoy_alone"] = self.streamed(port, plain, Meter({"envoy": alone.pid, "backend": pods.pid}))
         finally:
             alone.stop(5)
+        # What the Lua filter costs Envoy per chunk: Envoy alone with it.
+        doc, port = alone_bootstrap(ports, lua=True)
+        alone = start_envoy(doc, "envoy-alone-lua-streams", self.run_dir)
+        try:
+            wait_completion(alone, port, PLAIN)
+            meter = Meter({"envoy": alone.pid, "backend": pods.pid})
+            out["envoy_alone_lua"] = self.streamed(port, plain, meter)
+        finally:
+            alone.stop(5)
         picker, picker_port = stack.start_picker(f"picker-{server}-streams", server)
         try:
-            for setup in SETUPS[:3]:
+            for setup in SETUPS[:4]:
                 doc, port = setup.bootstrap([picker_port])
                 proxy = start_envoy(doc, f"envoy-{server}-{setup.name}-streams", self.run_dir)
                 try:
                     wait_completion(proxy, port, REWRITTEN)
                     meter = Meter({"picker": picker.pid, "envoy": proxy.pid, "backend": pods.pid})
                     out[setup.name] = self.streamed(port, rewritten, meter)
-                    if setup is SHIPPED:
-                        # Usage not asked for: the picker turns the body off at the response headers.
+                    if setup is SHIPPED or setup is STREAMED:
+                        # Usage not asked for (STREAMED: the picker turns the body off at the headers).
                         no_usage = streamed_body(REWRITTEN_MODEL, usage=False)
-                        out["shipped_no_usage"] = self.streamed(port, no_usage, meter)
+                        out[f"{setup.name}_no_usage"] = self.streamed(port, no_usage, meter)
                 finally:
                     proxy.stop(5)
         finally:
@@ -1074,6 +1102,14 @@ def streamed_headline(streams: dict[str, Any]) -> dict[str, Any]:
         "cpu_us_per_request_unseen_responses": unstreamed["cpu_us_per_request"]["picker"],
         "no_usage_cpu_us_per_request": streams["shipped_no_usage"]["cpu_us_per_request"]["picker"],
         "no_usage_cpu_us_per_event": streams["shipped_no_usage"]["cpu_us_per_event"]["picker"],
+        "streamed_cpu_us_per_event": streams[STREAMED.name]["cpu_us_per_event"]["picker"],
+        "envoy_cpu_us_per_event": run["cpu_us_per_event"]["envoy"],
+        "envoy_alone_cpu_us_per_event": streams["envoy_alone"]["cpu_us_per_event"]["envoy"],
+        "lua_adds_envoy_cpu_us_per_event": round(
+            streams["envoy_alone_lua"]["cpu_us_per_event"]["envoy"]
+            - streams["envoy_alone"]["cpu_us_per_event"]["envoy"],
+            2,
+        ),
         "itl_p50_ms": run["itl_p50_ms"],
         "itl_p99_ms": run["itl_p99_ms"],
         "direct_itl_p50_ms": streams["direct"]["itl_p50_ms"],
@@ -1127,9 +1163,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"| streamed ({STREAM_TOKENS} tokens, SSE, usage asked): picker CPU per request; per event | "
             f"{_cell(streamed['cpu_us_per_request'], ' µs')}; {_cell(streamed['cpu_us_per_event'], ' µs')} | "
             "per event ≤ 5 µs |",
-            "| streamed, usage not asked (the body turned off): picker CPU per request; per event | "
+            "| streamed, usage not asked: picker CPU per request; per event | "
             f"{_cell(streamed['no_usage_cpu_us_per_request'], ' µs')}; "
             f"{_cell(streamed['no_usage_cpu_us_per_event'], ' µs')} | per event ≤ 5 µs |",
+            "| streamed, usage asked, every chunk to the picker (`streamed`): picker CPU per event | "
+            f"{_cell(streamed.get('streamed_cpu_us_per_event'), ' µs')} | |",
+            "| streamed: Envoy CPU per event, shipped; Envoy alone; added by the Lua filter to Envoy alone | "
+            f"{_cell(streamed.get('envoy_cpu_us_per_event'), ' µs')}; "
+            f"{_cell(streamed.get('envoy_alone_cpu_us_per_event'), ' µs')}; "
+            f"{_cell(streamed.get('lua_adds_envoy_cpu_us_per_event'), ' µs')} | |",
             f"| streamed: inter-token p50 / p99 through Envoy + picker; straight to a pod | "
             f"{streamed['itl_p50_ms']} / {streamed['itl_p99_ms']} ms; "
             f"{streamed['direct_itl_p50_ms']} / {streamed['direct_itl_p99_ms']} ms | |",
@@ -1176,17 +1218,18 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             f"Streamed completions ({detail['what']['streamed']}):",
             "",
-            "| setup | req/s | picker CPU per request; per event | TTFT p50 / p99 | "
+            "| setup | req/s | picker CPU per request; per event | Envoy CPU per event | TTFT p50 / p99 | "
             "inter-token p50 / p99 | `calibration_ms` |",
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
         ]
         for server, setups in streams.items():
             for name, run in setups.items():
                 cpu = run["cpu_us_per_request"].get("picker")
                 per_event = run.get("cpu_us_per_event", {}).get("picker")
                 picker_cpu = f"{_cell(cpu, ' µs')}; {_cell(per_event, ' µs')}" if cpu is not None else ""
+                envoy_cpu = _cell(run.get("cpu_us_per_event", {}).get("envoy"), " µs")
                 lines.append(
-                    f"| {server}, {name} | {run['per_s']} | {picker_cpu} | "
+                    f"| {server}, {name} | {run['per_s']} | {picker_cpu} | {envoy_cpu} | "
                     f"{run['ttft_p50_ms']} / {run['ttft_p99_ms']} ms | "
                     f"{run['itl_p50_ms']} / {run['itl_p99_ms']} ms | {run['calibration_ms']} |"
                 )
@@ -1301,7 +1344,10 @@ def main() -> int:
                     "added_* = picker - Envoy alone; streamed: the streamed workload in the shipped mode, "
                     "cpu_us_per_event = picker CPU per request / events per request (tokens + usage + "
                     "[DONE]), cpu_us_per_request_unseen_responses the same workload in requests_only, "
-                    "no_usage_* the workload without stream_options.include_usage (shipped_no_usage)"
+                    "no_usage_* the workload without stream_options.include_usage (shipped_no_usage), "
+                    "streamed_cpu_us_per_event the picker's in the streamed setup, envoy_* the front "
+                    "Envoy's CPU per event (shipped; alone), lua_adds_envoy_cpu_us_per_event Envoy alone "
+                    "with the Lua usage filter less Envoy alone (envoy_alone_lua - envoy_alone)"
                 ),
                 "setups": {s.name: s.what for s in SETUPS}
                 | {"two_processes": "shipped, two picker processes as two endpoints of the ext_proc cluster"},

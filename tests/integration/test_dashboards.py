@@ -136,8 +136,9 @@ def traffic(stack: Stack, gateway: httpx.Client, prometheus: Prometheus) -> None
         _no_snapshot(gateway, stack, pool)
         _requests(gateway)
         # Until every target has been scraped since (the picker counts a response as its stream ends,
-        # which can be just after the client has it: half a second of margin).
-        after = time.time() + 0.5
+        # which can be just after the client has it, and its size and tokens when Envoy's access log
+        # flushes, every 0.5 s: a second and a half of margin).
+        after = time.time() + 1.5
         _wait(lambda: prometheus.query("min(timestamp(up))")[0] > after, "round two scraped", prometheus)
 
 

@@ -1,16 +1,19 @@
-"""The ext_proc protocol through a real Envoy: response-side counting (the stack's Envoy shows the
-picker every response) and FULL_DUPLEX_STREAMED request bodies, or STREAMED ones sent without waiting
-for the header answer (a second Envoy, same picker)."""
+"""The ext_proc protocol through a real Envoy: response-side counting (the stack's Envoy, as shipped:
+response headers to the picker, sizes and usage through Envoy's Lua filter and gRPC access log; a second
+Envoy showing the picker every body chunk, a third no body at all) and FULL_DUPLEX_STREAMED request
+bodies, or STREAMED ones sent without waiting for the header answer (other Envoys, same picker)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from envoy.service.accesslog.v3 import als_pb2
 from integration_kit import POD_HEADER, Pool, completion
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,23 +42,36 @@ def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
     return samples.get((name, tuple(sorted(LABELS.items()))), 0.0)
 
 
-def test_usage_of_json_and_sse_responses_is_counted(gateway: httpx.Client, stack: Stack, pool: Pool) -> None:
-    before = picker_samples(stack)
-    plain = gateway.post("/v1/completions", json=completion("sql-lora", max_tokens=5))
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def usage_of_json_and_sse(client: httpx.Client) -> tuple[httpx.Response, list[str], dict[str, int]]:
+    """A plain completion (5 tokens) and a streamed one with usage (8 tokens), checked whole."""
+    plain = client.post("/v1/completions", json=completion("sql-lora", max_tokens=5))
     assert plain.status_code == 200, plain.text
     request = completion("sql-lora", max_tokens=8, stream=True, stream_options={"include_usage": True})
-    with gateway.stream("POST", "/v1/completions", json=request) as response:
+    with client.stream("POST", "/v1/completions", json=request) as response:
         assert response.status_code == 200
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     # The stream reached the client whole: every event, the usage chunk, then [DONE].
     assert events[-1] == "data: [DONE]"
     usage = json.loads(events[-2].removeprefix("data: "))["usage"]
     assert usage["completion_tokens"] == 8
-    after = picker_samples(stack)
+    return plain, events, usage
+
+
+def check_usage_counted(client: httpx.Client, stack: Stack) -> None:
+    before = picker_samples(stack)
+    plain, events, usage = usage_of_json_and_sse(client)
 
     def delta(name: str) -> float:
-        return sample(after, name) - sample(before, name)
+        return sample(picker_samples(stack), name) - sample(before, name)
 
+    # Through the access log the figures come with Envoy's next flush (0.5 s).
+    wait_for(lambda: delta("inference_model_output_tokens_count") >= 2)
     assert delta("inference_model_request_duration_seconds_count") == 2
     assert delta("inference_model_request_sizes_count") == 2
     assert delta("inference_model_response_sizes_sum") == len(plain.content) + sum(len(e) + 2 for e in events)
@@ -66,7 +82,22 @@ def test_usage_of_json_and_sse_responses_is_counted(gateway: httpx.Client, stack
     )
 
 
-def test_a_stream_without_usage_is_not_shown_to_the_picker(
+def test_usage_of_json_and_sse_responses_comes_through_the_access_log(
+    gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    before = picker_samples(stack)
+    check_usage_counted(gateway, stack)
+    entries = picker_samples(stack).get(
+        ("pointsman_picker_access_log_entries_total", (("result", "recorded"),))
+    )
+    recorded_before = before.get(
+        ("pointsman_picker_access_log_entries_total", (("result", "recorded"),)), 0.0
+    )
+    assert entries is not None
+    assert entries - recorded_before == 2
+
+
+def test_a_stream_without_usage_gets_its_size_and_no_tokens(
     gateway: httpx.Client, stack: Stack, pool: Pool
 ) -> None:
     before = picker_samples(stack)
@@ -79,11 +110,63 @@ def test_a_stream_without_usage_is_not_shown_to_the_picker(
     def delta(name: str) -> float:
         return sample(picker_samples(stack), name) - sample(before, name)
 
+    wait_for(lambda: delta("inference_model_response_sizes_count") >= 1)
+    assert delta("inference_model_request_duration_seconds_count") == 1
+    assert delta("inference_model_response_sizes_sum") == sum(len(e) + 2 for e in events)
+    assert delta("inference_model_output_tokens_count") == 0
+
+
+def test_a_malformed_access_log_entry_is_counted_and_the_log_goes_on(
+    gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    key = ("pointsman_picker_access_log_entries_total", (("result", "malformed"),))
+    before = picker_samples(stack).get(key, 0.0)
+    message = als_pb2.StreamAccessLogsMessage()
+    entry = message.http_logs.log_entry.add()
+    entry.common_properties.metadata.filter_metadata["pointsman.route"].update({"model": 7, "target": "x"})
+    entry.common_properties.metadata.filter_metadata["pointsman.usage"].update({"prompt_tokens": "lots"})
+    with grpc.insecure_channel(f"127.0.0.1:{stack.ports.picker}") as channel:
+        call = channel.stream_stream(
+            "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs",
+            request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+            response_deserializer=als_pb2.StreamAccessLogsResponse.FromString,
+        )
+        # Not even a message: dropped, and the stream still reads the next one.
+        answers = list(call(iter([b"\xff\xff", message]), timeout=5))
+    assert answers == [als_pb2.StreamAccessLogsResponse()]
+    assert picker_samples(stack).get(key, 0.0) - before == 1
+    # Envoy's own log to the picker is untouched: its next entries are recorded.
+    check_usage_counted(gateway, stack)
+
+
+@pytest.fixture(scope="module")
+def streamed_gateway(stack: Stack) -> Iterator[httpx.Client]:
+    """A second Envoy showing the picker every response body chunk (response body STREAMED)."""
+    yield from second_gateway(stack, "envoy-streamed", response_body=envoy.RESPONSE_STREAMED)
+
+
+def test_streamed_bodies_are_counted_by_the_picker(
+    streamed_gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    check_usage_counted(streamed_gateway, stack)
+
+
+def test_a_stream_without_usage_is_not_shown_to_the_picker(
+    streamed_gateway: httpx.Client, stack: Stack, pool: Pool
+) -> None:
+    before = picker_samples(stack)
+    request = completion("sql-lora", max_tokens=8, stream=True)
+    with streamed_gateway.stream("POST", "/v1/completions", json=request) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 9  # every token and [DONE] reached the client
+
+    def delta(name: str) -> float:
+        return sample(picker_samples(stack), name) - sample(before, name)
+
     # The picker turned the body off at the response headers (mode_override): the exchange ends when
     # Envoy closes the stream, just after the client has the last byte.
-    deadline = time.monotonic() + 10
-    while delta("inference_model_request_duration_seconds_count") < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: delta("inference_model_request_duration_seconds_count") >= 1)
     assert delta("inference_model_request_duration_seconds_count") == 1
     assert delta("inference_model_response_sizes_count") == 0
 
@@ -129,30 +212,21 @@ def early_body_gateway(stack: Stack) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def headers_only_gateway(stack: Stack) -> Iterator[httpx.Client]:
     """A second Envoy showing the picker response headers but not response bodies."""
-    yield from second_gateway(stack, "envoy-headers-only", response_body=False)
+    yield from second_gateway(stack, "envoy-headers-only", response_body=envoy.NO_BODY)
 
 
 def test_without_response_bodies_each_exchange_still_completes_once(
     headers_only_gateway: httpx.Client, stack: Stack, pool: Pool
 ) -> None:
     before = picker_samples(stack)
-    plain = headers_only_gateway.post("/v1/completions", json=completion("sql-lora", max_tokens=5))
-    assert plain.status_code == 200, plain.text
-    request = completion("sql-lora", max_tokens=8, stream=True, stream_options={"include_usage": True})
-    with headers_only_gateway.stream("POST", "/v1/completions", json=request) as response:
-        assert response.status_code == 200
-        events = [line for line in response.iter_lines() if line.startswith("data: ")]
-    assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 8
+    usage_of_json_and_sse(headers_only_gateway)
 
     def delta(name: str) -> float:
         return sample(picker_samples(stack), name) - sample(before, name)
 
     # Envoy holds each picker stream until its response is over, and closes it just after the client
     # has the last byte: that end is counted, once each.
-    deadline = time.monotonic() + 10
-    while delta("inference_model_request_duration_seconds_count") < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: delta("inference_model_request_duration_seconds_count") >= 2)
     assert delta("inference_model_request_duration_seconds_count") == 2
     assert delta("inference_model_request_sizes_count") == 2
     # What only the body tells is not made up.

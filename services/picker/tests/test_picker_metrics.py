@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from pointsman_picker.accesslog import LoggedResponse
 from pointsman_picker.metrics import (
     PickerMetrics,
     PrefixIndexCollector,
@@ -184,6 +185,30 @@ def test_a_response_whose_body_was_not_shown_has_no_size(metrics: PickerMetrics,
     assert value("inference_objective_request_sizes_count", LABELS) == 1
     for name in ("inference_model_response_sizes_count", "inference_objective_response_sizes_count"):
         assert value(name, LABELS) == 0
+
+
+def test_the_access_log_adds_the_size_and_tokens_of_a_body_not_shown(
+    metrics: PickerMetrics, value: Scrape
+) -> None:
+    metrics.completed(Completion("m", "t", 0, 200, 1.5, 100, None, None))
+    assert metrics.logged(LoggedResponse("m", "t", 275, Usage(11, 0)))
+    # Once each: the duration from the ext_proc stream, the size and tokens from the log.
+    assert value("inference_objective_request_duration_seconds_count", LABELS) == 1
+    for name in ("inference_model_response_sizes_sum", "inference_objective_response_sizes_sum"):
+        assert value(name, LABELS) == 275
+    assert value("inference_model_input_tokens_sum", LABELS) == 11
+    assert value("inference_model_output_tokens_count", LABELS) == 1
+    assert value("inference_objective_output_tokens_count", LABELS) == 0  # zero left out, as upstream
+
+
+def test_the_access_log_adds_no_series_past_its_bound(
+    metrics: PickerMetrics, value: Scrape, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pointsman_picker.metrics.MAX_LOGGED_SERIES", 1)
+    assert metrics.logged(LoggedResponse("m", "t", 1, None))
+    assert not metrics.logged(LoggedResponse("m", "other", 1, None))
+    assert metrics.logged(LoggedResponse("m", "t", 1, None))  # a series it has goes on
+    assert value("inference_model_response_sizes_count", LABELS) == 2
 
 
 @pytest.mark.parametrize("name", sorted(UPSTREAM_BUCKETS))

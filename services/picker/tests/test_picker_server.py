@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
+from envoy.service.accesslog.v3 import als_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -89,7 +90,12 @@ async def test_case6_critical_rewrite_and_content_length(picker):
     assert first.request_headers.response.clear_route_cache
     assert set_headers(second) == {DEST: "192.168.1.2:8000", "Content-Length": "76"}
     assert second.request_body.response.body_mutation.body == completion("my-model-12345")
-    assert metadata(second) == {"envoy.lb": {DEST: "192.168.1.2:8000"}}
+    # No protocol_config: the response body is not shown (mode NONE), so the route is written for the
+    # access log too.
+    assert metadata(second) == {
+        "envoy.lb": {DEST: "192.168.1.2:8000"},
+        "pointsman.route": {"model": "my-model", "target": "my-model-12345"},
+    }
 
 
 @pytest.mark.parametrize(
@@ -131,7 +137,7 @@ async def test_cases_7_8_10_destination(picker, model, pods, expected):
     picker.use(*pods)
     _, answer = await picker.exchange(post_headers(), body(completion(model)))
     assert set_headers(answer)[DEST] == expected
-    assert metadata(answer) == {"envoy.lb": {DEST: expected}}
+    assert metadata(answer)["envoy.lb"] == {DEST: expected}
 
 
 async def test_case9_sheddable_without_capacity_is_429(picker):
@@ -178,7 +184,7 @@ async def test_a_request_without_body_is_routed_on_its_headers(picker):
     [answer] = await picker.exchange(headers((":method", "GET"), (":path", "/health"), end_of_stream=True))
     assert answer.request_headers.response.clear_route_cache
     assert set_headers(answer, "request_headers") == {DEST: "192.168.1.2:8000"}
-    assert metadata(answer) == {"envoy.lb": {DEST: "192.168.1.2:8000"}}
+    assert metadata(answer)["envoy.lb"] == {DEST: "192.168.1.2:8000"}
 
 
 async def test_response_phase_messages_get_empty_replies(picker):
@@ -359,3 +365,80 @@ async def test_streams_reset_before_shutdown_are_not_counted_as_cut_short(picker
     await eventually(lambda: picker.app.service.open_streams == 0)
     await picker.app.stop(0.2)
     assert picker.app.service.unfinished_streams == 0
+
+
+def access_log_call(picker: Picker) -> grpc.aio.StreamUnaryMultiCallable:
+    return picker.channel.stream_unary(
+        "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs",
+        request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+        response_deserializer=als_pb2.StreamAccessLogsResponse.FromString,
+    )
+
+
+def log_entry(
+    message: als_pb2.StreamAccessLogsMessage, route: dict, usage: dict | None, body_bytes: int
+) -> None:
+    entry = message.http_logs.log_entry.add()
+    entry.common_properties.metadata.filter_metadata["pointsman.route"].update(route)
+    if usage is not None:
+        entry.common_properties.metadata.filter_metadata["pointsman.usage"].update(usage)
+    entry.response.response_body_bytes = body_bytes
+
+
+async def test_the_access_log_records_sizes_and_tokens_and_counts_what_it_drops(picker):
+    message = als_pb2.StreamAccessLogsMessage()
+    message.identifier.log_name = "pointsman"
+    route = {"model": "sql-lora", "target": "sql-lora"}
+    log_entry(message, route, {"prompt_tokens": 11, "completion_tokens": 5}, 275)
+    log_entry(message, route, None, 100)  # a stream whose client asked no usage
+    log_entry(message, {"model": 1, "target": "x"}, None, 1)
+    message.http_logs.log_entry.add()  # not routed by a picker
+    answer = await access_log_call(picker)(iter([b"\xff\xff", message]))
+    assert answer == als_pb2.StreamAccessLogsResponse()
+    registry = picker.app.registry
+    labels = {"model_name": "sql-lora", "target_model_name": "sql-lora"}
+    assert registry.get_sample_value("inference_model_response_sizes_sum", labels) == 375
+    assert registry.get_sample_value("inference_model_output_tokens_sum", labels) == 5
+    assert registry.get_sample_value("inference_objective_input_tokens_count", labels) == 1
+    counts = {
+        result: registry.get_sample_value("pointsman_picker_access_log_entries_total", {"result": result})
+        for result in ("recorded", "unrouted", "malformed", "dropped")
+    }
+    assert counts == {"recorded": 2, "unrouted": 1, "malformed": 1, "dropped": 1}
+
+
+async def test_shutdown_ends_the_access_log_streams_at_once(picker):
+    queue: asyncio.Queue[als_pb2.StreamAccessLogsMessage | None] = asyncio.Queue()
+
+    async def messages():
+        while (message := await queue.get()) is not None:
+            yield message
+
+    call = access_log_call(picker)(messages())
+    await queue.put(als_pb2.StreamAccessLogsMessage())
+    await eventually(lambda: picker.app.access_log.open_calls == 1)
+    started = asyncio.get_running_loop().time()
+    await picker.app.stop(5.0)  # Envoy never ends its stream: the grace must not be spent waiting
+    assert asyncio.get_running_loop().time() - started < 4.0
+    assert picker.app.access_log.open_calls == 0
+    assert await call == als_pb2.StreamAccessLogsResponse()  # ended by the picker, with OK
+    await queue.put(None)
+
+
+async def test_an_access_log_stream_opened_during_shutdown_ends_after_its_first_message(picker):
+    picker.app.access_log.shutting_down()  # as stop() does, before the GOAWAY reaches Envoy
+    message = als_pb2.StreamAccessLogsMessage()
+    log_entry(message, {"model": "sql-lora", "target": "sql-lora"}, None, 10)
+    queue: asyncio.Queue[als_pb2.StreamAccessLogsMessage | None] = asyncio.Queue()
+
+    async def messages():
+        while (found := await queue.get()) is not None:
+            yield found
+
+    call = access_log_call(picker)(messages())
+    await queue.put(message)
+    assert await call == als_pb2.StreamAccessLogsResponse()  # read, then ended by the picker
+    assert picker.app.access_log.open_calls == 0
+    value = picker.app.registry.get_sample_value
+    assert value("pointsman_picker_access_log_entries_total", {"result": "recorded"}) == 1
+    await queue.put(None)

@@ -475,3 +475,29 @@ def test_a_response_status_that_is_not_ascii_digits_counts_as_zero(sent, counted
     [answer] = stream.handle(response_headers((":status", sent), end_of_stream=True))
     assert answer == pb.ProcessingResponse(response_headers=pb.HeadersResponse())
     assert [done.status for done in router.done] == [counted]
+
+
+@pytest.mark.parametrize(
+    ("request_mode", "response_mode", "carrier", "route"),
+    [
+        # Body not shown (the shipped mode, body NONE): the access log brings its size and tokens.
+        (MODE.BUFFERED, MODE.NONE, 0, {"model": "m", "target": "m"}),
+        (MODE.FULL_DUPLEX_STREAMED, MODE.NONE, 0, {"model": "m", "target": "m"}),
+        # Shown: the picker counts it itself, and an access log entry without the route is not counted.
+        (MODE.BUFFERED, MODE.STREAMED, 0, None),
+    ],
+)
+def test_the_route_goes_into_the_metadata_when_the_body_is_not_shown(
+    request_mode, response_mode, carrier, route
+):
+    router = FakeRouter()
+    stream = router.stream()
+    stream.handle(with_modes(post_headers(), request=request_mode, response=response_mode))
+    answers = stream.handle(body(b"{}"))
+    metadata = answers[carrier].dynamic_metadata.fields
+    assert metadata["envoy.lb"].struct_value.fields["x-dest"].string_value == "10.0.0.9:8000"
+    if route is None:
+        assert "pointsman.route" not in metadata
+    else:
+        fields = metadata["pointsman.route"].struct_value.fields
+        assert {key: value.string_value for key, value in fields.items()} == route

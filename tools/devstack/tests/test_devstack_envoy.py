@@ -59,6 +59,8 @@ def test_reference_config_is_up_to_date() -> None:
         pytest.param(_options(request_body_mode="FULL_DUPLEX_STREAMED"), id="full-duplex"),
         pytest.param(_options(request_body_mode="STREAMED", body_without_waiting=True), id="early-body"),
         pytest.param(_options(response_processing=False), id="requests-only"),
+        pytest.param(_options(response_body=envoy.RESPONSE_STREAMED), id="streamed-bodies"),
+        pytest.param(_options(response_body=envoy.NO_BODY), id="headers-only"),
     ],
 )
 def test_envoy_accepts_every_generated_config(options: envoy.EnvoyOptions, tmp_path: Path) -> None:
@@ -82,7 +84,8 @@ def test_ext_proc_matches_the_picker_contract() -> None:
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
         "request_body_mode": "BUFFERED",
-        "response_body_mode": "STREAMED",
+        # The body's size and usage come through the Lua filter and the access log instead.
+        "response_body_mode": "NONE",
         "request_trailer_mode": "SKIP",
         "response_trailer_mode": "SKIP",
     }
@@ -93,14 +96,16 @@ def test_ext_proc_matches_the_picker_contract() -> None:
     # reset: a stream whose picker died before it answered is replayed to another picker.
     assert retry["retry_on"] == "connect-failure,refused-stream,unavailable,reset"
     assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
-    assert ext_proc["metadata_options"] == {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+    namespaces = ["envoy.lb", envoy.ROUTE_NAMESPACE]  # the route: what the access log entry is counted under
+    assert ext_proc["metadata_options"] == {"receiving_namespaces": {"untyped": namespaces}}
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         ({"response_processing": False}, {"response_header_mode": "SKIP", "response_body_mode": "NONE"}),
-        ({"response_body": False}, {"response_header_mode": "SEND", "response_body_mode": "NONE"}),
+        ({"response_body": "none"}, {"response_header_mode": "SEND", "response_body_mode": "NONE"}),
+        ({"response_body": "streamed"}, {"response_header_mode": "SEND", "response_body_mode": "STREAMED"}),
         (
             {"request_body_mode": "FULL_DUPLEX_STREAMED"},
             {"request_body_mode": "FULL_DUPLEX_STREAMED", "request_trailer_mode": "SEND"},
@@ -119,6 +124,35 @@ def test_processing_mode_variants(overrides: dict[str, Any], expected: dict[str,
     assert {key: mode[key] for key in expected} == expected
     early = ext_proc.get("send_body_without_waiting_for_header_response", False)
     assert early is (mode["request_body_mode"] == "STREAMED")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "filters", "logs"),
+    [
+        ({}, ["ext_proc", "lua", "router"], ["stdout", "http_grpc"]),
+        ({"response_body": "streamed"}, ["ext_proc", "router"], ["stdout"]),
+        ({"response_body": "none"}, ["ext_proc", "router"], ["stdout"]),
+        ({"response_processing": False}, ["ext_proc", "router"], ["stdout"]),
+    ],
+)
+def test_the_usage_filter_and_the_access_log_come_together(
+    overrides: dict[str, Any], filters: list[str], logs: list[str]
+) -> None:
+    hcm = _hcm(envoy.bootstrap(_options(**overrides)))
+    assert [f["name"].removeprefix("envoy.filters.http.") for f in hcm["http_filters"]] == filters
+    assert [log["name"].removeprefix("envoy.access_loggers.") for log in hcm["access_log"]] == logs
+    if "lua" in filters:
+        # The one source, embedded whole; its log goes to the pickers.
+        assert hcm["http_filters"][1] == envoy.usage_filter()
+        assert "envoy_on_response" in envoy.usage_lua()
+        grpc_log = hcm["access_log"][1]["typed_config"]["common_config"]
+        assert grpc_log["grpc_service"] == {"envoy_grpc": {"cluster_name": envoy.PICKER_CLUSTER}}
+        assert grpc_log["transport_api_version"] == "V3"
+
+
+def test_an_unknown_response_body_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="response_body"):
+        _options(response_body="buffered")
 
 
 @pytest.mark.parametrize(

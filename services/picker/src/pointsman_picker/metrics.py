@@ -26,8 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from pointsman_picker.accesslog import LoggedResponse
 from pointsman_picker.interfaces import SnapshotSource
-from pointsman_picker.routing import Completion, Routing
+from pointsman_picker.routing import Completion, Routing, Usage
 from pointsman_picker.scheduling.contracts import RequestPlugin
 from pointsman_picker.scheduling.prefix_cache import PrefixCacheProducer
 
@@ -45,6 +46,9 @@ OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 TOKEN_BUCKETS = tuple(float(2**i) for i in (0, *range(3, 21)))  # 1, 8 .. 1 Mi
 # Upstream's error code for a response with an error status; today's names say ModelServer<status>.
 MODEL_SERVER_ERROR = "ModelServerError"
+# The (model, target) series an access log entry may add: its labels come from Envoy, not from this
+# picker's own routing (another picker may have routed it), so they are bounded here.
+MAX_LOGGED_SERIES = 4096
 _MODEL_LABELS = ("model_name", "target_model_name")
 
 
@@ -155,6 +159,14 @@ class PickerMetrics:
         self.objective_output_tokens = histogram(
             "inference_objective_output_tokens", output_tokens, OUTPUT_TOKEN_BUCKETS
         )
+        self.access_log_entries = Counter(
+            "pointsman_picker_access_log_entries",
+            "Envoy access log entries by result: recorded (response size and tokens), unrouted (no "
+            "pointsman.route: its response was counted through ext_proc, or not routed), malformed, "
+            "dropped (past a message's bounds).",
+            ["result"],
+            registry=registry,
+        )
         # The label children's bound inc methods, by the arguments of routed and failed.
         self.config_reloads = Counter(
             "pointsman_picker_config_reloads",
@@ -263,14 +275,36 @@ class PickerMetrics:
             series.objective_response_sizes.observe(done.response_bytes)
         if done.duration > 0:
             series.objective_duration.observe(done.duration)
-        usage = done.usage
-        if usage is not None:
-            series.input_tokens.observe(usage.prompt_tokens)
-            series.output_tokens.observe(usage.completion_tokens)
-            if usage.prompt_tokens > 0:
-                series.objective_input_tokens.observe(usage.prompt_tokens)
-            if usage.completion_tokens > 0:
-                series.objective_output_tokens.observe(usage.completion_tokens)
+        if done.usage is not None:
+            self._observe_usage(series, done.usage)
+
+    def logged(self, done: LoggedResponse) -> bool:
+        """Envoy's access log told the size and usage of a response whose ext_proc stream reported it
+        without its body (:meth:`completed` counted its status and duration). False: not recorded, as
+        its labels would pass :data:`MAX_LOGGED_SERIES`."""
+        key = (done.model, done.target)
+        series = self._responses.get(key)
+        if series is None:
+            if len(self._responses) >= MAX_LOGGED_SERIES:
+                return False
+            series = self._responses[key] = self._response_series(*key)
+        series.response_sizes.observe(done.response_bytes)
+        series.objective_response_sizes.observe(done.response_bytes)
+        if done.usage is not None:
+            self._observe_usage(series, done.usage)
+        return True
+
+    def access_log_result(self, result: str, entries: int) -> None:
+        self.access_log_entries.labels(result).inc(entries)
+
+    @staticmethod
+    def _observe_usage(series: _Responses, usage: Usage) -> None:
+        series.input_tokens.observe(usage.prompt_tokens)
+        series.output_tokens.observe(usage.completion_tokens)
+        if usage.prompt_tokens > 0:
+            series.objective_input_tokens.observe(usage.prompt_tokens)
+        if usage.completion_tokens > 0:
+            series.objective_output_tokens.observe(usage.completion_tokens)
 
     def _response_series(self, model: str, target: str) -> _Responses:
         return _Responses(

@@ -25,6 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from pointsman_picker.accesslog import AccessLogService, GrpcioAccessLogServicer, access_log_methods
 from pointsman_picker.director import Director
 from pointsman_picker.errors import PickerError
 from pointsman_picker.extproc.servicer import ExtProcService, GrpcioServicer, native_methods
@@ -123,6 +124,10 @@ class PickerApp:
             clock=time.monotonic,
             tracer=self._route_tracer(tracing, clock),
         )
+        # Envoy's access log: response sizes and tokens of the responses whose body it did not show.
+        self.access_log = AccessLogService(
+            on_logged=self.metrics.logged, on_result=self.metrics.access_log_result
+        )
         registry.register(RuntimeCollector(open_streams=lambda: self.service.open_streams))
         self.prefix_sync = (
             RedisPrefixSync(
@@ -213,7 +218,11 @@ class PickerApp:
 
         if picker.server == "native":
             self._native = GrpcServer(
-                {**native_methods(self.service), **health_methods(self.health)},
+                {
+                    **native_methods(self.service),
+                    **health_methods(self.health),
+                    **access_log_methods(self.access_log),
+                },
                 # The body plus the ProcessingRequest around it.
                 max_message_bytes=picker.max_body_bytes + 64 * 1024,
                 http2=Http2Config.of(picker.http2),  # checked when the config was loaded
@@ -225,6 +234,7 @@ class PickerApp:
                 GrpcioServicer(self.service), self._server
             )
             health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, self._server)
+            self._server.add_generic_rpc_handlers((GrpcioAccessLogServicer(self.access_log).handler(),))
             self.port = self._server.add_insecure_port(picker.listen)
             await self._server.start()
         self._health_server = grpc.aio.server(options=_SERVER_OPTIONS)
@@ -275,6 +285,8 @@ class PickerApp:
         if self._server is not None or self._native is not None:
             log.info("stopping: %d open streams, grace %.1fs", self.service.open_streams, grace)
             self.service.shutting_down(grace)
+            # Envoy never ends its access log streams: end them, or they would hold the grace.
+            self.access_log.shutting_down()
             if self._server is not None:
                 await self._server.stop(grace)
             if self._native is not None:

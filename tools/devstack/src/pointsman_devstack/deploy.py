@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pointsman_devstack import envoy
 from pointsman_shared.config import PointsmanConfig, join_host_port, load_config, split_host_port
 
@@ -156,7 +154,7 @@ def _render(doc: dict[str, Any], arguments: str, where: str, config_path: str) -
         f"#   .venv/bin/python -m pointsman_devstack.deploy {arguments}\n"
         f"# {where} Why it looks like this: docs/envoy.md.\n"
     )
-    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)
+    return header + envoy.dump_yaml(doc)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -43,10 +43,22 @@ _DOWNSTREAM_CONNECTIONS = (
 )
 _CEL_FILTER = _TYPE_URL + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 _OPENTELEMETRY = _TYPE_URL + "envoy.config.trace.v3.OpenTelemetryConfig"
+_LUA = _TYPE_URL + "envoy.extensions.filters.http.lua.v3.Lua"
+_GRPC_LOG = _TYPE_URL + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
 
 FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
 BUFFERED = "BUFFERED"
 STREAMED = "STREAMED"
+# EnvoyOptions.response_body: how the picker learns a response's size and usage tokens.
+ACCESS_LOG = "access_log"
+RESPONSE_STREAMED = "streamed"
+NO_BODY = "none"
+RESPONSE_BODY_MODES = (ACCESS_LOG, RESPONSE_STREAMED, NO_BODY)
+# The one Lua source (embedded in every bootstrap), the metadata it writes and the picker's own.
+USAGE_LUA = Path(__file__).resolve().parents[4] / "deploy" / "envoy" / "usage.lua"
+USAGE_NAMESPACE = "pointsman.usage"
+ROUTE_NAMESPACE = "pointsman.route"
+ACCESS_LOG_NAME = "pointsman"
 # Every ImmediateResponse of the picker names itself in its details (responses.py: "pointsman_<result>");
 # the ext_proc filter's own failures (stream error, message timeout) are "ext_proc_error_...".
 PICKER_DETAILS_PREFIX = "pointsman_"
@@ -144,11 +156,19 @@ class EnvoyOptions:
     # Show the picker every response (headers, and the body chunk by chunk, answered at once and
     # unchanged) so it can count durations, sizes, errors and usage tokens per model.
     response_processing: bool = True
-    # With response_processing, False shows the picker the response headers only: no ext_proc message
-    # per chunk of a streamed response, and no usage tokens or response sizes. Envoy still holds the
-    # stream until the response is over, so durations and in-flight counts are the same
-    # (docs/envoy.md, "Response side").
-    response_body: bool = True
+    # With response_processing, how the picker learns what the response body held:
+    # - ACCESS_LOG (the default): the picker sees the response headers only (body NONE: no ext_proc
+    #   message per chunk); the Lua filter (deploy/envoy/usage.lua) reads the usage as the body streams
+    #   past, and Envoy's gRPC access log sends it with the response size to the picker in batches.
+    # - RESPONSE_STREAMED: every body chunk goes to the picker, answered at once and unchanged (one round trip
+    #   per token of a stream whose client asked for usage).
+    # - NONE: headers only, no usage tokens or response sizes.
+    # Envoy holds the ext_proc stream until the response is over in each, so durations and in-flight
+    # counts are the same (docs/envoy.md, "Response side").
+    response_body: str = ACCESS_LOG
+    # How long Envoy gathers access log entries before it sends them (or until buffer_size_bytes).
+    access_log_flush_s: float = 0.5
+    access_log_buffer_bytes: int = 16 * 1024
     # Let the picker's answer to a response's headers turn its body off (mode_override): it does so
     # for an event stream whose request did not ask for usage, so those tokens cost it nothing; the
     # rest is shown as ever (docs/envoy.md, "Response side").
@@ -173,6 +193,17 @@ class EnvoyOptions:
             max_body_bytes=config.picker.max_body_bytes,
             tracing=EnvoyTracing.from_config(config),
         )
+
+    def __post_init__(self) -> None:
+        if self.response_body not in RESPONSE_BODY_MODES:
+            raise ValueError(
+                f"response_body must be one of {RESPONSE_BODY_MODES}, not {self.response_body!r}"
+            )
+
+    @property
+    def access_log(self) -> bool:
+        """Whether the Lua filter and the gRPC access log to the picker are in the bootstrap."""
+        return self.response_processing and self.response_body == ACCESS_LOG
 
     @property
     def body_mode(self) -> str:
@@ -218,10 +249,26 @@ def bootstrap(options: EnvoyOptions) -> dict[str, Any]:
     return doc
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes a string of several lines (the Lua filter's source) as a literal block, readable."""
+
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        if data.count("\n") > 2:
+            return self.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+        return super().represent_str(data)
+
+
+_Dumper.add_representer(str, _Dumper.represent_str)
+
+
+def dump_yaml(doc: Any) -> str:
+    """``doc`` as the checked-in bootstraps write it (keys in order, programs as literal blocks)."""
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
+
+
 def render(options: EnvoyOptions, *, header: str = "") -> str:
     """The bootstrap as YAML, after ``header`` (comment lines)."""
-    body = yaml.safe_dump(bootstrap(options), sort_keys=False, default_flow_style=False, width=1000)
-    return header + body
+    return header + dump_yaml(bootstrap(options))
 
 
 def write_bootstrap(options: EnvoyOptions, path: Path) -> Path:
@@ -287,17 +334,7 @@ def _listener(options: EnvoyOptions) -> dict[str, Any]:
                                     },
                                 }
                             ],
-                            "access_log": [
-                                {
-                                    "name": "envoy.access_loggers.stdout",
-                                    "typed_config": {
-                                        "@type": _STDOUT_LOG,
-                                        "log_format": {
-                                            "text_format_source": {"inline_string": _ACCESS_LOG_FORMAT}
-                                        },
-                                    },
-                                }
-                            ],
+                            "access_log": _access_logs(options),
                             "route_config": {
                                 "name": "gateway",
                                 "virtual_hosts": [
@@ -316,7 +353,7 @@ def _listener(options: EnvoyOptions) -> dict[str, Any]:
                                     }
                                 ],
                             },
-                            "http_filters": [_ext_proc_filter(options), _router_filter()],
+                            "http_filters": _http_filters(options),
                             "local_reply_config": local_reply_config(),
                         },
                     }
@@ -363,6 +400,57 @@ def _details_start_with(prefix: str) -> dict[str, Any]:
     }
 
 
+def _access_logs(options: EnvoyOptions) -> list[dict[str, Any]]:
+    stdout = {
+        "name": "envoy.access_loggers.stdout",
+        "typed_config": {
+            "@type": _STDOUT_LOG,
+            "log_format": {"text_format_source": {"inline_string": _ACCESS_LOG_FORMAT}},
+        },
+    }
+    if not options.access_log:
+        return [stdout]
+    # Batched entries on one long gRPC stream per Envoy worker to a picker (any of them: each entry
+    # carries the model and target the routing picker wrote into pointsman.route).
+    grpc_log = {
+        "name": "envoy.access_loggers.http_grpc",
+        "typed_config": {
+            "@type": _GRPC_LOG,
+            "common_config": {
+                "log_name": ACCESS_LOG_NAME,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}},
+                "buffer_flush_interval": _duration(options.access_log_flush_s),
+                "buffer_size_bytes": options.access_log_buffer_bytes,
+            },
+        },
+    }
+    return [stdout, grpc_log]
+
+
+def usage_lua() -> str:
+    """The Lua filter's source (``deploy/envoy/usage.lua``)."""
+    return USAGE_LUA.read_text(encoding="utf-8")
+
+
+def usage_filter() -> dict[str, Any]:
+    """The Lua filter that reads a response's usage into ``pointsman.usage`` (``deploy/envoy/usage.lua``)."""
+    return {
+        "name": "envoy.filters.http.lua",
+        "typed_config": {"@type": _LUA, "default_source_code": {"inline_string": usage_lua()}},
+    }
+
+
+def _http_filters(options: EnvoyOptions) -> list[dict[str, Any]]:
+    filters = [_ext_proc_filter(options)]
+    if options.access_log:
+        # After ext_proc here, so before it on the response path (filters run in reverse there): it
+        # sees the body as the pod sent it.
+        filters.append(usage_filter())
+    filters.append(_router_filter())
+    return filters
+
+
 def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
     return {
         "name": "envoy.filters.http.ext_proc",
@@ -405,13 +493,20 @@ def _ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "allow_mode_override": options.allow_mode_override,
             **({"send_body_without_waiting_for_header_response": True} if _early_body(options) else {}),
             # Envoy drops dynamic metadata from the processor unless its namespace is listed here.
-            "metadata_options": {"receiving_namespaces": {"untyped": [options.metadata_namespace]}},
+            "metadata_options": {"receiving_namespaces": {"untyped": _receiving_namespaces(options)}},
         },
     }
 
 
 def _early_body(options: EnvoyOptions) -> bool:
     return options.body_without_waiting and options.body_mode == STREAMED
+
+
+def _receiving_namespaces(options: EnvoyOptions) -> list[str]:
+    # pointsman.route: the model and target the picker writes for the access log (body not shown).
+    if options.access_log:
+        return [options.metadata_namespace, ROUTE_NAMESPACE]
+    return [options.metadata_namespace]
 
 
 def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
@@ -423,7 +518,11 @@ def _processing_mode(options: EnvoyOptions) -> dict[str, str]:
         "request_body_mode": options.body_mode,
         # STREAMED, not FULL_DUPLEX_STREAMED: every chunk goes to the client as soon as the picker
         # answers it with an empty reply, and the picker never holds response bytes.
-        "response_body_mode": "STREAMED" if options.response_processing and options.response_body else "NONE",
+        "response_body_mode": (
+            "STREAMED"
+            if options.response_processing and options.response_body == RESPONSE_STREAMED
+            else "NONE"
+        ),
         # In FULL_DUPLEX_STREAMED mode trailers can end the body, so the picker must see them.
         "request_trailer_mode": "SEND" if full_duplex else "SKIP",
         "response_trailer_mode": "SKIP",

@@ -33,6 +33,19 @@ def with_destination_metadata(
     return response
 
 
+ROUTE_NAMESPACE = "pointsman.route"  # read back from Envoy's access log (pointsman_picker.accesslog)
+
+
+def with_route_metadata(response: pb.ProcessingResponse, model: str, target: str) -> pb.ProcessingResponse:
+    """Add ``{pointsman.route: {model, target}}`` to the answer's ``dynamic_metadata``: Envoy's access log
+    entry of the request carries it to whichever picker reads the log, which needs nothing else to
+    record the response's size and tokens under the right labels."""
+    route = response.dynamic_metadata.get_or_create_struct(ROUTE_NAMESPACE)
+    route["model"] = model
+    route["target"] = target
+    return response
+
+
 def request_headers_continue() -> pb.ProcessingResponse:
     """The answer to request headers that a body will follow."""
     return REQUEST_HEADERS_CONTINUE

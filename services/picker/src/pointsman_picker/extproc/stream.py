@@ -351,6 +351,15 @@ class RequestStream:
             waiting.cancel()
 
     def _routed(self, routing: Routing, chunks: int) -> list[pb.ProcessingResponse]:
+        answers = self._route_answers(routing, chunks)
+        if self._response_body_mode == _MODE.NONE:
+            # The body will not be shown: Envoy's access log brings its size and tokens, labelled by this
+            # (on the answer that carries the destination).
+            carrier = answers[0] if self._body_mode == _FULL_DUPLEX else answers[-1]
+            responses.with_route_metadata(carrier, routing.model, routing.target)
+        return answers
+
+    def _route_answers(self, routing: Routing, chunks: int) -> list[pb.ProcessingResponse]:
         self.phase = Phase.ROUTED
         self.routing = routing
         settings = self._settings
