@@ -97,8 +97,16 @@ def test_where_an_idle_adapter_probably_still_sits_in_a_slot(name, sent, active,
     prepare(slots, "x", 9.0, pods(("a", set()), ("b", set()), ("c", {"x"})))
     for key, (target, address) in enumerate(sent):
         pick(slots, target, address, 5.0 + key, key)  # all scraped by SCRAPE
-    state = prepare(slots, "x", 10.01, pods(("a", active), ("b", set()), ("c", {"x"})))
+    state = prepare(slots, "x", 10.01, pods(("a", active), ("b", set()), ("c", set())))
     assert (set(state[RESIDENT]) if RESIDENT in state else None) == expected, name
+
+
+def test_an_adapter_active_somewhere_gets_no_resident_pods():
+    slots = AdapterSlots()
+    pool = pods(("a", set()), ("c", {"x"}))
+    prepare(slots, "x", 9.0, pool)
+    pick(slots, "x", "a", 5.0)
+    assert RESIDENT not in prepare(slots, "x", 10.01, pool)  # the filter takes its active pods
 
 
 def test_an_adapter_no_scrape_has_shown_is_resident_nowhere():
@@ -109,12 +117,37 @@ def test_an_adapter_no_scrape_has_shown_is_resident_nowhere():
 
 def test_the_order_is_remembered_to_its_depth():
     slots = AdapterSlots(depth=2)
-    pool = pods(("a", set()), ("c", {"x"}), max_lora=4)
-    prepare(slots, "x", 9.0, pool)
+    prepare(slots, "x", 9.0, pods(("a", set()), ("c", {"x"}), max_lora=4))
     for key, target in enumerate(["x", "y", "z"]):
         pick(slots, target, "a", 5.0 + key, key)
-    assert RESIDENT not in prepare(slots, "x", 10.01, pool)  # forgotten past the depth: not counted
+    # Forgotten past the depth: not counted.
+    assert RESIDENT not in prepare(slots, "x", 10.01, pods(("a", set()), ("c", set()), max_lora=4))
     with pytest.raises(ValueError, match="depth"):
         AdapterSlots(depth=0)
     with pytest.raises(ValueError, match="horizon"):
         AdapterSlots(horizon=0)
+
+
+def test_between_two_snapshots_only_the_pods_picked_since_are_looked_at_again():
+    slots = AdapterSlots()
+    pool = pods(("a", set()), ("b", set()))
+    positions = {p.address: i for i, p in enumerate(pool)}
+
+    def unseen(at: float) -> Any:
+        state = CycleState()
+        state[POSITIONS] = positions  # the same snapshot: the same positions map
+        slots.prepare(SchedulingRequest("q", critical=True), pool, state, at)
+        return {a: set(s) for a, s in state.get(UNSEEN_ADAPTERS, {}).items()}
+
+    pick(slots, "x", "a", 10.01)
+    assert unseen(10.02) == {"a": {"x"}}
+    pick(slots, "y", "b", 10.03)
+    pick(slots, "z", "a", 10.04)
+    assert unseen(10.05) == {"a": {"x", "z"}, "b": {"y"}}
+    # A new snapshot scraped at 10.045: what it saw is forgotten, the pick after it kept.
+    pick(slots, "w", "b", 10.05)
+    scraped = tuple(pod(max_lora=2, address=a, updated_at=10.045) for a in ("a", "b"))
+    state = CycleState()
+    state[POSITIONS] = {p.address: i for i, p in enumerate(scraped)}
+    slots.prepare(SchedulingRequest("q", critical=True), scraped, state, 10.06)
+    assert {a: set(s) for a, s in state[UNSEEN_ADAPTERS].items()} == {"b": {"w"}}

@@ -18,8 +18,10 @@ snapshot has shown it active on some pod (the base model never is: it takes no s
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 from pointsman_picker.scheduling.assignments import POSITIONS
@@ -59,7 +61,15 @@ class AdapterSlots(RequestPlugin):
         self._depth = depth
         self._horizon = horizon
         self.spec = (self.type_name, f"{depth!r}, {horizon!r}")
-        self._picks: dict[str, list[tuple[float, str]]] = {}  # per pod, (time, adapter) not scraped yet
+        # Per pod, each adapter sent there since its last scrape, with the time of its latest pick; the
+        # pods picked since the last prepare; the unseen adapters as the filters get them. A prepare
+        # looks again at every pod only when the snapshot changed (a new positions map) or a pick may
+        # have passed the horizon; otherwise at the pods picked since.
+        self._recent: dict[str, dict[str, float]] = {}
+        self._dirty: set[str] = set()
+        self._unseen: dict[str, frozenset[str]] = {}
+        self._positions: Mapping[str, int] | None = None
+        self._checked = -math.inf
         self._sent: dict[str, OrderedDict[str, None]] = {}  # per pod, its adapters, most recent last
         self._homes: dict[str, set[str]] = {}  # per adapter, the pods whose order holds it
         self._adapters: set[str] = set()  # the targets seen active on a pod
@@ -67,53 +77,60 @@ class AdapterSlots(RequestPlugin):
 
     def prepare(self, request: SchedulingRequest, pods: Pods, state: CycleState, now: float) -> Pods:
         positions = state[POSITIONS]
-        if self._picks:
-            unseen = self.unseen(pods, positions, now)
-            if unseen:
-                state[UNSEEN_ADAPTERS] = unseen
+        if self._recent:
+            self.update(pods, positions, now)
+            if self._unseen:
+                state[UNSEEN_ADAPTERS] = MappingProxyType(self._unseen)
         target = request.target_model
-        if target is None:
-            return pods
-        if target not in self._adapters:
-            if not facts_of(pods).lora(pods, target)[0]:
-                return pods
-            self._adapters.add(target)
-            self._base.discard(target)
-        homes = self._homes.get(target)
+        if target is None or facts_of(pods).lora(pods, target)[0]:
+            if target is not None and target not in self._adapters:
+                self._adapters.add(target)
+                self._base.discard(target)
+            return pods  # active somewhere (or no adapter): where it sits idle does not matter
+        homes = self._homes.get(target) if target in self._adapters else None
         if homes:
             resident = self.resident(target, homes, pods, positions)
             if resident:
                 state[RESIDENT] = resident
         return pods
 
-    def unseen(self, pods: Pods, positions: Mapping[str, int], now: float) -> dict[str, frozenset[str]]:
-        """Per pod, the adapters picked for it after its last scrape and not active in that scrape;
-        forgets the picks a scrape has seen (one at the scrape's instant is not in it)."""
-        out: dict[str, frozenset[str]] = {}
-        for address in list(self._picks):
+    def update(self, pods: Pods, positions: Mapping[str, int], now: float) -> None:
+        """Bring the unseen adapters up to date: forget the picks a scrape has seen (one at the scrape's
+        instant is not in it) or older than the horizon, and the adapters the scrape shows active."""
+        full = positions is not self._positions or now - self._checked > self._horizon / 4
+        addresses = list(self._recent) if full else [a for a in self._dirty if a in self._recent]
+        if full:
+            self._positions, self._checked = positions, now
+        self._dirty.clear()
+        horizon = now - self._horizon
+        for address in addresses:
+            recent = self._recent[address]
             i = positions.get(address)
-            picks = self._picks[address]
-            if i is not None:
-                pod = pods[i]
-                seen = max(pod.updated_at, now - self._horizon)
-                if picks[0][0] < seen:
-                    for at, target in picks:
-                        # Scraped while it surely still ran there, yet not active: the base model.
-                        if (
-                            at < seen
-                            and pod.updated_at - at < SURELY_RUNNING
-                            and target not in pod.active_adapters
-                            and target not in self._adapters
-                        ):
-                            self._base.add(target)
-                    picks = self._picks[address] = [p for p in picks if p[0] >= seen]
-            if i is None or not picks:
-                del self._picks[address]
+            if i is None:
+                del self._recent[address]
+                self._unseen.pop(address, None)
                 continue
-            adapters = frozenset([a for _, a in picks if a not in self._base]) - pod.active_adapters
+            pod = pods[i]
+            seen = max(pod.updated_at, horizon)
+            active = pod.active_adapters
+            for target, at in list(recent.items()):
+                if at >= seen:
+                    continue
+                del recent[target]
+                # Scraped while it surely still ran there, yet not active: the base model.
+                if (
+                    pod.updated_at - at < SURELY_RUNNING
+                    and target not in active
+                    and target not in self._adapters
+                ):
+                    self._base.add(target)
+            adapters = frozenset([a for a in recent if a not in self._base]) - active
+            if not recent:
+                del self._recent[address]
             if adapters:
-                out[address] = adapters
-        return out
+                self._unseen[address] = adapters
+            else:
+                self._unseen.pop(address, None)
 
     def resident(
         self, target: str, homes: set[str], pods: Pods, positions: Mapping[str, int]
@@ -146,7 +163,11 @@ class AdapterSlots(RequestPlugin):
             return
         if target in self._base:
             return
-        self._picks.setdefault(ticket.address, []).append((ticket.at, target))
+        recent = self._recent.get(ticket.address)
+        if recent is None:
+            recent = self._recent[ticket.address] = {}
+        recent[target] = ticket.at
+        self._dirty.add(ticket.address)
         if target in self._base:
             return
         sent = self._sent.get(ticket.address)
