@@ -26,6 +26,7 @@ from pointsman_picker.scheduling.filters import (
     LowQueueing,
 )
 from pointsman_picker.scheduling.indexed import SMALL, indexed
+from pointsman_picker.scheduling.prefix_cache import PrefixMatch
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_shared.snapshot import PodSnapshot
 
@@ -445,3 +446,21 @@ def test_lora_spread_affinity_reads_unseen_adapters_on_a_pool_and_on_a_subset_al
     fn = LoraSpreadAffinity(1.0, 0.1, 8.0)
     assert addresses(fn(request(), pool, given, random.Random(0))) == ["p3"]
     assert addresses(fn(request(), tuple(pool[2:6]), given, random.Random(0))) == ["p3"]
+
+
+@pytest.mark.parametrize(
+    ("name", "matched", "expected"),
+    [
+        ("no prefix index: the band alone", None, ["light"]),
+        ("the busy pod holds more of the prompt: kept for least work", {"busy": 4}, ["busy", "light"]),
+        ("it holds no more than the least loaded one: out", {"busy": 4, "light": 4}, ["light"]),
+    ],
+)
+def test_lora_spread_affinity_band_keeps_the_pods_holding_more_of_the_prompt(name, matched, expected):
+    pods = (
+        busy(0, 300, max_lora=2, adapters={"x"}, address="busy"),
+        busy(0, 100, max_lora=2, adapters={"x"}, address="light"),
+    )
+    given = state() if matched is None else state(prefix=PrefixMatch((1, 2, 3, 4), matched, ()))
+    kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), pods, given, random.Random(0))
+    assert addresses(kept) == expected, name

@@ -121,7 +121,8 @@ class LoraSpreadAffinity(Filter):
       the other pods (unless adapters are many, below: then waiting for a slot is the rule), and a pod
       over its slots where the target runs comes after the pods where it runs with room;
     - of the target's pods, only those within ``spread_ratio`` and ``spread_margin`` of the least
-      loaded one (load: running plus waiting requests);
+      loaded one (load: running plus waiting requests), and those holding more of the prompt than it
+      (``PREFIX_MATCH``, when the profile has a prefix index);
     - when even the least loaded pod with the target carries more than ``mean * (1 + spread_ratio) +
       spread_margin`` (the mean over the pods given), the request goes to the pods with a free adapter
       slot instead, so a hot adapter gets another pod before its own pods queue. No spreading while any
@@ -131,6 +132,8 @@ class LoraSpreadAffinity(Filter):
     """
 
     type_name: ClassVar[str] = "lora-spread-affinity-filter"
+    # Also reads PREFIX_MATCH when a profile's prefix index wrote it (the band below), without asking
+    # for the index: a profile without one pays nothing for it.
     consumes = (RECENT_TARGETS, RESIDENT, UNSEEN_ADAPTERS)
     threshold: float
     spread_ratio: float
@@ -167,10 +170,9 @@ class LoraSpreadAffinity(Filter):
         if len(near) > 1:
             # A slot the adapter holds on its busiest pod is better given up there: its requests go to
             # its other pods, and the load moves with them (least work alone would not move it while
-            # the pods' steps look within its tolerance).
-            loads = [pods[i].running + pods[i].waiting for i in near]
-            limit = min(loads) * (1.0 + self.spread_ratio) + self.spread_margin
-            near = [i for i, load in zip(near, loads, strict=True) if load <= limit]
+            # the pods' steps look within its tolerance). A pod holding more of the prompt than the
+            # least loaded one stays, for least work to weigh the prefill it saves.
+            near = self._within_band(pods, near, state)
         if near and free:
             mean = facts.total_load(pods) / len(pods)
             busy = facts.least_load(pods, near) > mean * (1.0 + self.spread_ratio) + self.spread_margin
@@ -181,6 +183,18 @@ class LoraSpreadAffinity(Filter):
             if rng.random() >= self.threshold:
                 near = free
         return facts.take(pods, near or free or held)
+
+    def _within_band(self, pods: Pods, near: Sequence[int], state: CycleState) -> list[int]:
+        loads = [pods[i].running + pods[i].waiting for i in near]
+        least = min(loads)
+        limit = least * (1.0 + self.spread_ratio) + self.spread_margin
+        matched = state.read(PREFIX_MATCH, NO_MATCH)[1]
+        floor = matched.get(pods[near[loads.index(least)]].address, 0) if matched else 0
+        return [
+            i
+            for i, load in zip(near, loads, strict=True)
+            if load <= limit or (matched and matched.get(pods[i].address, 0) > floor)
+        ]
 
 
 def _over_slots(pod: PodSnapshot, extra: Mapping[int, int], i: int) -> bool:
