@@ -46,7 +46,13 @@ def lifecycle_types(profile: Profile) -> list[str]:
         (
             "best",
             "best",
-            ["recent-assignments", "prefill-backlog", "recent-targets", "approx-prefix-cache-producer"],
+            [
+                "recent-assignments",
+                "prefill-backlog",
+                "recent-targets",
+                "adapter-slots",
+                "approx-prefix-cache-producer",
+            ],
         ),
         (
             "least work alone",
@@ -65,7 +71,7 @@ def lifecycle_types(profile: Profile) -> list[str]:
                 "profiles": [{"name": "p", "plugins": [{"pluginRef": "s"}]}],
                 "picker": {"profile": "p", "countAssignments": False},
             },
-            ["recent-targets"],
+            ["recent-targets", "adapter-slots"],
         ),
     ],
 )

@@ -12,6 +12,8 @@ import pytest
 from picker_builders import pod, state
 
 from pointsman_picker.scheduling import SchedulingRequest
+from pointsman_picker.scheduling.adapter_slots import RESIDENT, UNSEEN_ADAPTERS
+from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL
 from pointsman_picker.scheduling.filters import (
     CriticalRequest,
@@ -23,6 +25,8 @@ from pointsman_picker.scheduling.filters import (
     LoraSpreadAffinity,
     LowQueueing,
 )
+from pointsman_picker.scheduling.indexed import SMALL, indexed
+from pointsman_picker.scheduling.prefix_cache import PrefixMatch
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_shared.snapshot import PodSnapshot
 
@@ -50,7 +54,11 @@ def request(target: str | None = "x") -> SchedulingRequest:
         (LeastQueuing(), "least-queue-filter", ()),
         (LeastKvCache(), "least-kv-cache-filter", ()),
         (LoraSoftAffinity(0.999), "lora-affinity-filter", ()),
-        (LoraSpreadAffinity(0.999, 0.1, 8.0), "lora-spread-affinity-filter", (RECENT_TARGETS,)),
+        (
+            LoraSpreadAffinity(0.999, 0.1, 8.0),
+            "lora-spread-affinity-filter",
+            (RECENT_TARGETS, RESIDENT, UNSEEN_ADAPTERS),
+        ),
         (LeastWork(0.0345, 0.04, 20.0, 7.0, 3.5), "least-work-filter", (PENDING_PREFILL,)),
     ],
 )
@@ -228,11 +236,21 @@ def test_least_work(name, weights, pods, pending, expected):
         (
             "the least loaded of the adapter's pods decides",
             [
-                busy(0, 300, max_lora=2, adapters={"x"}, address="near1"),
+                busy(0, 110, max_lora=2, adapters={"x"}, address="near1"),
                 busy(0, 100, max_lora=2, adapters={"x"}, address="near2"),
                 busy(0, 100, max_lora=2, address="free"),
             ],
             ["near1", "near2"],
+        ),
+        (
+            "of the adapter's pods, those within 10% + 8 of the least loaded one",
+            [
+                busy(0, 300, max_lora=2, adapters={"x"}, address="far"),  # 100 * 1.1 + 8 = 118
+                busy(0, 100, max_lora=2, adapters={"x"}, address="near"),
+                busy(0, 118, max_lora=2, adapters={"x"}, address="edge"),
+                busy(0, 100, max_lora=2, address="free"),
+            ],
+            ["near", "edge"],
         ),
         (
             "waiting counts as load",
@@ -268,7 +286,7 @@ def test_least_work(name, weights, pods, pending, expected):
         (
             "where it waits with a slot free it is about to run: kept",
             [
-                busy(0, 100, max_lora=2, adapters={"x"}, address="runs"),
+                busy(0, 10, max_lora=2, adapters={"x"}, address="runs"),
                 busy(0, 10, max_lora=2, adapters={"y"}, waiting_adapters={"x"}, address="queued"),
                 busy(0, 100, max_lora=3, address="free"),
             ],
@@ -335,3 +353,114 @@ def test_lora_spread_affinity_keeps_the_soft_threshold():
     rng = random.Random(3)
     picks = [addresses(fn(request(), pods, state(), rng)) for _ in range(2000)]
     assert 0.85 < picks.count(["near"]) / len(picks) < 0.95
+
+
+def lora_state(
+    *, unseen: dict[str, set[str]] | None = None, resident: set[str] | None = None, recent: int | None = None
+) -> Any:
+    out = state(recent_targets=recent)
+    if unseen is not None:
+        out[UNSEEN_ADAPTERS] = {address: frozenset(adapters) for address, adapters in unseen.items()}
+    if resident is not None:
+        out[RESIDENT] = frozenset(resident)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "pods", "given", "expected"),
+    [
+        (
+            "an adapter sent to a pod since its scrape is near there",
+            [busy(0, 10, max_lora=2, address="sent"), busy(0, 10, max_lora=2, address="other")],
+            lora_state(unseen={"sent": {"x"}}),
+            ["sent"],
+        ),
+        (
+            "a slot that adapters sent since the scrape fill is not free",
+            [busy(0, 10, max_lora=1, address="filled"), busy(0, 10, max_lora=2, address="free")],
+            lora_state(unseen={"filled": {"y"}}),
+            ["free"],
+        ),
+        (
+            "an adapter sent unseen to a pod whose slots others hold waits there: the free slot first",
+            [
+                busy(0, 10, max_lora=1, adapters={"y"}, address="waits"),
+                busy(0, 10, max_lora=2, address="free"),
+            ],
+            lora_state(unseen={"waits": {"x"}}),
+            ["free"],
+        ),
+        (
+            "where the adapter runs with its slots in hand, not where another waits for one of them",
+            [
+                busy(0, 10, max_lora=1, adapters={"x"}, waiting_adapters={"y"}, address="crowded"),
+                busy(0, 10, max_lora=2, adapters={"x"}, address="roomy"),
+            ],
+            lora_state(),
+            ["roomy"],
+        ),
+        (
+            "an adapter sent since the scrape crowds a pod too",
+            [
+                busy(0, 10, max_lora=1, adapters={"x"}, address="crowded"),
+                busy(0, 10, max_lora=2, adapters={"x"}, address="roomy"),
+            ],
+            lora_state(unseen={"crowded": {"y"}}),
+            ["roomy"],
+        ),
+        (
+            "active nowhere: the free slot where it probably still sits idle",
+            [busy(0, 10, max_lora=2, address="cold"), busy(0, 10, max_lora=2, address="warm")],
+            lora_state(resident={"warm"}),
+            ["warm"],
+        ),
+        (
+            "active somewhere: the pods where it is active, not where it may sit idle",
+            [
+                busy(0, 10, max_lora=2, adapters={"x"}, address="active"),
+                busy(0, 10, max_lora=2, address="warm"),
+            ],
+            lora_state(resident={"warm"}),
+            ["active"],
+        ),
+        (
+            "many adapters for the slots: where it waits, as soft affinity, not a slot another wants",
+            [
+                busy(0, 10, max_lora=1, adapters={"y"}, waiting_adapters={"x"}, address="waits"),
+                busy(0, 10, max_lora=2, address="free"),
+            ],
+            lora_state(recent=4),  # more than 0.75 of the 3 slots
+            ["waits"],
+        ),
+    ],
+)
+def test_lora_spread_affinity_reads_what_the_snapshot_does_not_show(name, pods, given, expected):
+    kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), tuple(pods), given, random.Random(0))
+    assert addresses(kept) == expected, name
+
+
+def test_lora_spread_affinity_reads_unseen_adapters_on_a_pool_and_on_a_subset_alike():
+    pool = indexed(tuple(busy(0, 10, max_lora=2, address=f"p{i}") for i in range(SMALL)))
+    given = lora_state(unseen={"p3": {"x"}, "p5": {"y"}})
+    given[POSITIONS] = {p.address: i for i, p in enumerate(pool)}
+    fn = LoraSpreadAffinity(1.0, 0.1, 8.0)
+    assert addresses(fn(request(), pool, given, random.Random(0))) == ["p3"]
+    assert addresses(fn(request(), tuple(pool[2:6]), given, random.Random(0))) == ["p3"]
+
+
+@pytest.mark.parametrize(
+    ("name", "matched", "expected"),
+    [
+        ("no prefix index: the band alone", None, ["light"]),
+        ("the busy pod holds more of the prompt: kept for least work", {"busy": 4}, ["busy", "light"]),
+        ("it holds no more than the least loaded one: out", {"busy": 4, "light": 4}, ["light"]),
+    ],
+)
+def test_lora_spread_affinity_band_keeps_the_pods_holding_more_of_the_prompt(name, matched, expected):
+    pods = (
+        busy(0, 300, max_lora=2, adapters={"x"}, address="busy"),
+        busy(0, 100, max_lora=2, adapters={"x"}, address="light"),
+    )
+    given = state() if matched is None else state(prefix=PrefixMatch((1, 2, 3, 4), matched, ()))
+    kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), pods, given, random.Random(0))
+    assert addresses(kept) == expected, name

@@ -157,16 +157,17 @@ def by_type(d: Director) -> dict[str, RequestPlugin]:
 def test_a_reload_keeps_the_plugins_whose_spec_did_not_change():
     d = director()
     before = by_type(d)
-    assert set(before) == {"recent-assignments", "prefill-backlog", "recent-targets"}
+    assert set(before) == {"recent-assignments", "prefill-backlog", "recent-targets", "adapter-slots"}
     routing = d.route(ctx(b'{"model":"plain","prompt":"xxxx"}'))
     d.reconfigure(config(**BEST_LIKE, picker={"profile": "p", "prefillTokensPerSecond": 1000}))
     after = by_type(d)
     assert after["recent-assignments"] is before["recent-assignments"]  # in flight: still counted
     assert after["recent-targets"] is before["recent-targets"]
+    assert after["adapter-slots"] is before["adapter-slots"]
     assert after["prefill-backlog"] is not before["prefill-backlog"]  # its rate changed
     assert any(after["recent-assignments"]._times.values())  # the routed request, still in flight
     d.release(routing)
     assert not any(after["recent-assignments"]._times.values())  # released by its ticket
     d.reconfigure(config(**BEST_LIKE, picker={"profile": "p", "countAssignments": False}))
-    assert set(by_type(d)) == {"prefill-backlog", "recent-targets"}
+    assert set(by_type(d)) == {"prefill-backlog", "recent-targets", "adapter-slots"}
     d.release(routing)  # a plugin gone with the reload: nothing to do

@@ -7,11 +7,13 @@ the same body serves a pool's pods, which carry their facts, and any other tuple
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
 
+from pointsman_picker.scheduling.adapter_slots import RESIDENT, UNSEEN_ADAPTERS
+from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
@@ -21,6 +23,8 @@ from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingReques
 from pointsman_shared.snapshot import PodSnapshot
 
 NO_PENDING: Mapping[str, float] = MappingProxyType({})
+NOWHERE: frozenset[str] = frozenset()
+NO_UNSEEN: Mapping[str, frozenset[str]] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,17 +111,30 @@ class LoraSoftAffinity(Filter):
 class LoraSpreadAffinity(Filter):
     """LoRA soft affinity that spreads a busy adapter while slots are plentiful.
 
-    As :class:`LoraSoftAffinity` (``threshold`` included), except that when even the least loaded
-    pod with the target adapter active carries more than ``mean * (1 + spread_ratio) + spread_margin``
-    (load: running plus waiting requests; the mean over the pods given), the request goes to the pods
-    with a free adapter slot instead, so a hot adapter gets another pod before its own pods queue. No
-    spreading while any pod has an adapter waiting without running: that adapter waits for a slot, and
-    a spread adapter would take one more; nor while the adapters routed lately (``RECENT_TARGETS``)
-    need more than ``max_adapter_share`` of the pods' slots, one each.
+    As :class:`LoraSoftAffinity` (``threshold`` included), except that:
+
+    - the adapters this picker sent to a pod since its last scrape (``UNSEEN_ADAPTERS``) count as
+      active there: the target is near a pod it was just sent to, and a slot they fill is not free;
+    - a target active nowhere goes first to a free slot where it probably still sits idle
+      (``RESIDENT``): no load there;
+    - a pod where the target only waits while more adapters than slots are active there comes after
+      the other pods (unless adapters are many, below: then waiting for a slot is the rule), and a pod
+      over its slots where the target runs comes after the pods where it runs with room;
+    - of the target's pods, only those within ``spread_ratio`` and ``spread_margin`` of the least
+      loaded one (load: running plus waiting requests), and those holding more of the prompt than it
+      (``PREFIX_MATCH``, when the profile has a prefix index);
+    - when even the least loaded pod with the target carries more than ``mean * (1 + spread_ratio) +
+      spread_margin`` (the mean over the pods given), the request goes to the pods with a free adapter
+      slot instead, so a hot adapter gets another pod before its own pods queue. No spreading while any
+      pod has an adapter waiting without running (it waits for a slot, and a spread adapter would take
+      one more), nor while the adapters routed lately (``RECENT_TARGETS``) need more than
+      ``max_adapter_share`` of the pods' slots, one each (adapters are many).
     """
 
     type_name: ClassVar[str] = "lora-spread-affinity-filter"
-    consumes = (RECENT_TARGETS,)
+    # Also reads PREFIX_MATCH when a profile's prefix index wrote it (the band below), without asking
+    # for the index: a profile without one pays nothing for it.
+    consumes = (RECENT_TARGETS, RESIDENT, UNSEEN_ADAPTERS)
     threshold: float
     spread_ratio: float
     spread_margin: float
@@ -127,16 +144,39 @@ class LoraSpreadAffinity(Filter):
         facts = facts_of(pods)
         target = request.target_model
         near, free = facts.lora(pods, target)
+        unseen = state.get(UNSEEN_ADAPTERS, NO_UNSEEN)
+        extra: dict[int, int] = {}  # per position, the adapters sent there since its scrape
+        if unseen:
+            near, free, extra = _with_unseen(pods, target, near, free, unseen, state.get(POSITIONS))
+        resident = state.get(RESIDENT, NOWHERE) if not near else NOWHERE
+        if resident:
+            # Active nowhere: a free slot where it probably still sits idle runs it without a load.
+            warm = [i for i in free if pods[i].address in resident]
+            if warm:
+                near, free = warm, [i for i in free if i not in warm]
         # A pod where the adapter only waits while more adapters than its slots are active: it waits
         # until one of the others has no request left, which their steady traffic can put off for
         # seconds. More of its requests go to the pods that can run it, or a free slot, before there.
-        held = [i for i in near if target not in pods[i].running_adapters and _over_slots(pods[i])]
-        if held:
+        many = state.get(RECENT_TARGETS, 0) > self.max_adapter_share * facts.slots(pods)
+        held = [i for i in near if target not in pods[i].running_adapters and _over_slots(pods[i], extra, i)]
+        if held and not many:
             near = [i for i in near if i not in held]
+        # A pod over its slots where the adapter runs: the adapter waiting there gets a slot only when
+        # one of those running has no request left. While the adapter runs on a pod with its slots in
+        # hand, its requests go there, so that it drains from the crowded one and frees the slot.
+        crowded = [i for i in near if _over_slots(pods[i], extra, i)]
+        if crowded and len(crowded) < len(near):
+            near = [i for i in near if i not in crowded]
+        if len(near) > 1:
+            # A slot the adapter holds on its busiest pod is better given up there: its requests go to
+            # its other pods, and the load moves with them (least work alone would not move it while
+            # the pods' steps look within its tolerance). A pod holding more of the prompt than the
+            # least loaded one stays, for least work to weigh the prefill it saves.
+            near = self._within_band(pods, near, state)
         if near and free:
             mean = facts.total_load(pods) / len(pods)
             busy = facts.least_load(pods, near) > mean * (1.0 + self.spread_ratio) + self.spread_margin
-            if busy and state.get(RECENT_TARGETS, 0) > self.max_adapter_share * facts.slots(pods):
+            if busy and many:
                 busy = False  # the slots are wanted by adapters that have none
             if busy and not facts.starved(pods):
                 return facts.take(pods, free)
@@ -144,9 +184,55 @@ class LoraSpreadAffinity(Filter):
                 near = free
         return facts.take(pods, near or free or held)
 
+    def _within_band(self, pods: Pods, near: Sequence[int], state: CycleState) -> list[int]:
+        loads = [pods[i].running + pods[i].waiting for i in near]
+        least = min(loads)
+        limit = least * (1.0 + self.spread_ratio) + self.spread_margin
+        matched = state.read(PREFIX_MATCH, NO_MATCH)[1]
+        floor = matched.get(pods[near[loads.index(least)]].address, 0) if matched else 0
+        return [
+            i
+            for i, load in zip(near, loads, strict=True)
+            if load <= limit or (matched and matched.get(pods[i].address, 0) > floor)
+        ]
 
-def _over_slots(pod: PodSnapshot) -> bool:
-    return len(pod.active_adapters) > pod.max_lora
+
+def _over_slots(pod: PodSnapshot, extra: Mapping[int, int], i: int) -> bool:
+    return len(pod.active_adapters) + extra.get(i, 0) > pod.max_lora
+
+
+def _with_unseen(
+    pods: Pods,
+    target: str | None,
+    near: Sequence[int],
+    free: Sequence[int],
+    unseen: Mapping[str, frozenset[str]],
+    positions: Mapping[str, int] | None,
+) -> tuple[Sequence[int], Sequence[int], dict[int, int]]:
+    """The LoRA groups with the adapters this picker sent since each pod's scrape: a pod the target was
+    sent to is near it; one whose slots those adapters fill has none free. Also, per position, how
+    many adapters were sent there unseen."""
+    if positions is not None and len(positions) == len(pods):
+        at = [(positions[a], a) for a in unseen if a in positions]  # the pool itself: no pass
+    else:
+        at = [(i, pod.address) for i, pod in enumerate(pods) if pod.address in unseen]
+    extra: dict[int, int] = {}
+    joined: list[int] = []
+    full: set[int] = set()
+    for i, address in at:
+        adapters = unseen[address]
+        extra[i] = len(adapters)
+        if target in adapters:
+            if pods[i].max_lora:  # no LoRA there: the target is the base model
+                joined.append(i)
+        elif len(pods[i].active_adapters) + len(adapters) >= pods[i].max_lora:
+            full.add(i)
+    if joined:
+        near = sorted({*near, *joined})
+        full.update(joined)
+    if full:
+        free = [i for i in free if i not in full]
+    return near, free, extra
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pointsman_picker.scheduling.adapter_slots import DEFAULT_DEPTH, RESIDENT, UNSEEN_ADAPTERS, AdapterSlots
 from pointsman_picker.scheduling.assignments import RecentAssignments
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS, PrefillBacklog
 from pointsman_picker.scheduling.contracts import Filter, Picker, RequestPlugin, Scorer
@@ -192,6 +193,10 @@ REQUEST_TYPES: PluginTypes[RequestPlugin] = {
         lambda p: PrefillBacklog(float(p["tokensPerSecond"])),
     ),
     RecentTargets.type_name: ({"window": DEFAULT_WINDOW}, lambda p: RecentTargets(float(p["window"]))),
+    AdapterSlots.type_name: (
+        {"depth": DEFAULT_DEPTH, "horizon": 2.0},
+        lambda p: AdapterSlots(int(p["depth"]), float(p["horizon"])),
+    ),
     PrefixCacheProducer.type_name: (PREFIX_PARAMETERS, _prefix_producer),
 }
 # Request plugins a config may declare in ``plugins`` (to set their parameters): made where consumed.
@@ -200,6 +205,8 @@ PRODUCERS: dict[DataKey[Any], str] = {
     PENDING_PREFILL: PrefillBacklog.type_name,
     PROMPT_TOKENS: PrefillBacklog.type_name,
     RECENT_TARGETS: RecentTargets.type_name,
+    RESIDENT: AdapterSlots.type_name,
+    UNSEEN_ADAPTERS: AdapterSlots.type_name,
     PREFIX_MATCH: PrefixCacheProducer.type_name,
 }
 
@@ -210,6 +217,7 @@ def request_plugin_params(config: PointsmanConfig) -> dict[str, dict[str, Any]]:
     any (as upstream: one index per picker)."""
     params: dict[str, dict[str, Any]] = {
         RecentAssignments.type_name: {"horizon": config.picker.max_staleness},
+        AdapterSlots.type_name: {"horizon": config.picker.max_staleness},
         PrefillBacklog.type_name: {"tokensPerSecond": config.picker.prefill_tokens_per_second},
     }
     for plugin in config.plugins:
