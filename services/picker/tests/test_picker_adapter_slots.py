@@ -9,6 +9,7 @@ import pytest
 from picker_builders import pod
 
 from pointsman_picker.scheduling import CycleState, SchedulingRequest
+from pointsman_picker.scheduling import adapter_slots
 from pointsman_picker.scheduling.adapter_slots import RESIDENT, UNSEEN_ADAPTERS, AdapterSlots
 from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.contracts import Ticket
@@ -151,3 +152,25 @@ def test_between_two_snapshots_only_the_pods_picked_since_are_looked_at_again():
     state[POSITIONS] = {p.address: i for i, p in enumerate(scraped)}
     slots.prepare(SchedulingRequest("q", critical=True), scraped, state, 10.06)
     assert {a: set(s) for a, s in state[UNSEEN_ADAPTERS].items()} == {"b": {"w"}}
+
+
+def test_a_pod_that_leaves_the_candidates_is_forgotten():
+    slots = AdapterSlots()
+    prepare(slots, "x", 9.0, pods(("a", set()), ("c", {"x"})))
+    pick(slots, "x", "a", 5.0)
+    prepare(slots, "q", 9.5, pods(("c", set())))  # a gone (left the pool, or stale)
+    # Back with the same address: nothing is known of its slots.
+    assert RESIDENT not in prepare(slots, "x", 10.01, pods(("a", set()), ("c", set())))
+
+
+def test_the_targets_taken_for_base_models_are_bounded(monkeypatch):
+    monkeypatch.setattr(adapter_slots, "MAX_BASE_TARGETS", 2)
+    slots = AdapterSlots()
+    pool = pods(("a", set()))
+    for key, target in enumerate(["m1", "m2", "m3"]):
+        pick(slots, target, "a", 9.9 + key * 0.001, key)  # scraped at 10.0 and not shown: base
+    prepare(slots, "q", 10.01, pool)
+    # m1, the oldest, was forgotten: sent again after the scrape it counts as unseen.
+    for key, target in enumerate(["m1", "m3"], start=10):
+        pick(slots, target, "a", 10.02, key)
+    assert prepare(slots, "q", 10.03, pool)[UNSEEN_ADAPTERS] == {"a": frozenset({"m1"})}

@@ -44,6 +44,10 @@ SURELY_RUNNING = 0.2
 # Adapters remembered per pod: far more than any pod's slots, so the order is known as deep as it counts.
 DEFAULT_DEPTH = 64
 
+# Targets taken for base models, remembered at most (the oldest forgotten first): with
+# ``passthroughUnknownModels`` a client can name any model, and each named one would stay otherwise.
+MAX_BASE_TARGETS = 4096
+
 
 class AdapterSlots(RequestPlugin):
     """Records each pick's adapter per pod at ``picked``; writes ``RESIDENT`` at ``prepare``."""
@@ -73,10 +77,14 @@ class AdapterSlots(RequestPlugin):
         self._sent: dict[str, OrderedDict[str, None]] = {}  # per pod, its adapters, most recent last
         self._homes: dict[str, set[str]] = {}  # per adapter, the pods whose order holds it
         self._adapters: set[str] = set()  # the targets seen active on a pod
-        self._base: set[str] = set()  # targets a scrape soon after their pick did not show there
+        # Targets a scrape soon after their pick did not show there, oldest first.
+        self._base: OrderedDict[str, None] = OrderedDict()
+        self._pool: Mapping[str, int] | None = None  # the positions _sent was last pruned against
 
     def prepare(self, request: SchedulingRequest, pods: Pods, state: CycleState, now: float) -> Pods:
         positions = state[POSITIONS]
+        if positions is not self._pool:
+            self._forget_gone(positions)
         if self._recent:
             self.update(pods, positions, now)
             if self._unseen:
@@ -85,7 +93,7 @@ class AdapterSlots(RequestPlugin):
         if target is None or facts_of(pods).lora(pods, target)[0]:
             if target is not None and target not in self._adapters:
                 self._adapters.add(target)
-                self._base.discard(target)
+                self._base.pop(target, None)
             return pods  # active somewhere (or no adapter): where it sits idle does not matter
         homes = self._homes.get(target) if target in self._adapters else None
         if homes:
@@ -123,7 +131,9 @@ class AdapterSlots(RequestPlugin):
                     and target not in active
                     and target not in self._adapters
                 ):
-                    self._base.add(target)
+                    self._base[target] = None
+                    if len(self._base) > MAX_BASE_TARGETS:
+                        self._base.popitem(last=False)
             adapters = frozenset([a for a in recent if a not in self._base]) - active
             if not recent:
                 del self._recent[address]
@@ -131,6 +141,18 @@ class AdapterSlots(RequestPlugin):
                 self._unseen[address] = adapters
             else:
                 self._unseen.pop(address, None)
+
+    def _forget_gone(self, positions: Mapping[str, int]) -> None:
+        """Drop the order of the pods no longer among the candidates (left the pool, or stale): an
+        address that comes back starts with nothing known of its slots."""
+        self._pool = positions
+        for address in [a for a in self._sent if a not in positions]:
+            for adapter in self._sent.pop(address):
+                homes = self._homes.get(adapter)
+                if homes is not None:
+                    homes.discard(address)
+                    if not homes:
+                        del self._homes[adapter]
 
     def resident(
         self, target: str, homes: set[str], pods: Pods, positions: Mapping[str, int]
