@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from picker_builders import pod
 
-from pointsman_picker.scheduling import CycleState, SchedulingRequest
-from pointsman_picker.scheduling import adapter_slots
+from pointsman_picker.scheduling import CycleState, SchedulingRequest, adapter_slots
 from pointsman_picker.scheduling.adapter_slots import RESIDENT, UNSEEN_ADAPTERS, AdapterSlots
 from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.contracts import Ticket
