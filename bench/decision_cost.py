@@ -187,6 +187,10 @@ def without_affinity(node: Any) -> Any:
     return node
 
 
+# least-work-prefix-filter's parameters that least-work-filter does not take.
+PREFIX_ONLY = ("heldPrefixWeight", "soleHolderWeight", "idlePodFirst")
+
+
 def best_without_prefix(best: dict[str, Any]) -> dict[str, Any]:
     """best.yaml less its prefix plugins: least work without the prefix, no prefix affinity, no producer."""
     plugins = []
@@ -194,7 +198,8 @@ def best_without_prefix(best: dict[str, Any]) -> dict[str, Any]:
         if plugin["type"] in ("prefix-cache-affinity-filter", "approx-prefix-cache-producer"):
             continue
         if plugin["type"] == "least-work-prefix-filter":
-            plugin = {**plugin, "type": "least-work-filter"}
+            kept = {k: v for k, v in plugin.get("parameters", {}).items() if k not in PREFIX_ONLY}
+            plugin = {**plugin, "type": "least-work-filter", "parameters": kept}
         elif plugin["type"] == "decision-tree":
             plugin = {**plugin, "parameters": {"tree": without_affinity(plugin["parameters"]["tree"])}}
         plugins.append(plugin)

@@ -195,6 +195,63 @@ def test_least_work_with_prefix_counts_the_prompt_a_pod_lacks(matched, pending, 
     assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
 
 
+@pytest.mark.parametrize(
+    ("matched", "pending", "held", "sole", "kept"),
+    [
+        # 10 blocks of 100 tokens at 0.0345 ms: a pod holding all of them saves 34.5 ms (69 at weight 2)
+        ({"b": 10}, {"b": 1500.0}, 1.0, 1.0, ["a", "c"]),  # 51.75 ms pending outweighs 34.5 saved
+        ({"b": 10}, {"b": 1500.0}, 1.0, 2.0, ["b"]),  # only b holds it: a second copy costs double
+        ({"a": 4, "b": 10}, {"b": 1000.0}, 1.0, 1.0, ["a"]),
+        ({"a": 4, "b": 10}, {"b": 1000.0}, 1.0, 2.0, ["b"]),  # the 6 blocks only b holds count twice
+        # a and b both hold it, 41.4 ms pending each: copies exist, so the sole weight changes nothing
+        ({"a": 10, "b": 10}, {"a": 1200.0, "b": 1200.0}, 1.0, 2.0, ["c"]),
+        ({"a": 10, "b": 10}, {"a": 1200.0, "b": 1200.0}, 2.0, 2.0, ["a", "b"]),  # held weight 2 does
+        ({"a": 10, "b": 10}, {"a": 1200.0, "b": 1200.0}, 2.0, 1.0, ["a", "b"]),  # sole below held: held
+    ],
+)
+def test_least_work_with_prefix_weighs_blocks_one_pod_holds_alone(matched, pending, held, sole, kept):
+    pods = (pod(address="a"), pod(address="b"), pod(address="c"))
+    state = CycleState()
+    state[PREFIX_MATCH] = (tuple(range(10)), matched, pods)
+    state[PROMPT_TOKENS] = 1000
+    state[PENDING_PREFILL] = pending
+    filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5, held, sole)
+    assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
+
+
+@pytest.mark.parametrize(
+    ("matched", "c_running", "c_pending", "idle_first", "kept"),
+    [
+        ({"a": 10, "b": 10}, 0, 0.0, False, ["a", "b"]),  # c lacks the prompt a and b hold: 34.5 ms more
+        ({"a": 10, "b": 10}, 0, 0.0, True, ["c"]),  # c runs nothing: it takes the replicated prompt
+        ({"a": 10, "b": 10}, 1, 0.0, True, ["a", "b"]),  # c runs something: not idle
+        ({"a": 10, "b": 10}, 0, 100.0, True, ["a", "b"]),  # prefill sent to c and not yet computed
+        ({"a": 10}, 0, 0.0, True, ["a"]),  # only a holds it: no second copy for an idle pod
+        ({"a": 10, "b": 4}, 0, 0.0, True, ["a"]),  # a holds 6 blocks alone
+        ({}, 0, 0.0, True, ["a", "b", "c"]),  # nothing held: picks as least work, the idle pod too
+    ],
+)
+def test_least_work_with_prefix_gives_a_replicated_prompt_to_an_idle_pod(
+    matched, c_running, c_pending, idle_first, kept
+):
+    pods = (pod(address="a", running=5), pod(address="b", running=5), pod(address="c", running=c_running))
+    state = CycleState()
+    state[PREFIX_MATCH] = (tuple(range(10)), matched, pods)
+    state[PROMPT_TOKENS] = 1000
+    state[PENDING_PREFILL] = {"c": c_pending}
+    filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5, 1.0, 2.0, idle_first)
+    assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
+
+
+def test_idle_pod_first_must_be_a_boolean():
+    doc = shipped("best.yaml")
+    [work] = [p for p in doc["plugins"] if p.get("type") == "least-work-prefix-filter"]
+    work["parameters"]["idlePodFirst"] = "yes"
+    with pytest.raises(PluginError) as raised:
+        build_profile(parse_config(doc))
+    assert "idlePodFirst must be true or false" in raised.value.message
+
+
 def test_best_routes_a_shared_system_prompt_to_the_pod_that_holds_it():
     profile = build_profile(parse_config(shipped("best.yaml")))
     assert producer(profile).capacity == 31_250

@@ -306,10 +306,25 @@ class LeastWorkWithPrefix(Filter):
     pod does not hold in its prefix cache (``PROMPT_TOKENS`` times the share of blocks it probably
     lacks, from ``PREFIX_MATCH``) at ``per_pending_token`` each. A pod holding most of a long prompt
     saves that much of the request's time to first token, so prefix affinity is weighed in the same
-    unit as the pods' load, not as a score beside it. ``held_weight`` scales what a held token takes
-    off: 1 counts the request's own time alone; above 1 also the prefill a miss would add to the
-    steps of every request on that pod, and the copy of the prefix a second pod would then hold.
-    Prompts no pod holds take nothing off anywhere, so they pick as with 1."""
+    unit as the pods' load, not as a score beside it. Prompts no pod holds take nothing off anywhere,
+    so they pick as :class:`LeastWork` does (plus the same prefill on every pod).
+
+    ``held_weight`` scales what a held token takes off: 1 counts the request's own time alone; above 1
+    also the prefill a miss would add to the steps of every request on the pod that takes it instead.
+    ``sole_weight`` (when above ``held_weight``) scales instead the blocks that only one of ``pods``
+    holds (the longest match's blocks past the second longest): sending those elsewhere makes a second
+    copy of the prefix, which evicts other prefixes where they do not all fit one pod's cache (a pod
+    that has just taken many prompt groups' first requests looks busy for seconds, and a group's
+    second request would otherwise go to a second pod). Blocks that other pods hold too have their
+    copies already, so they keep ``held_weight``: one system prompt held by every pod but one, at a
+    high weight, keeps that one idle.
+
+    ``idle_first``: a prompt whose held blocks no pod holds alone (a system prompt every conversation
+    starts with, on several pods) goes to a pod with nothing running, waiting or pending, when there
+    is one. The costs see only this request: a pod lacking a prompt that the others hold loses every
+    new conversation by the prefill the prompt saves (512 tokens: 18 ms) until every other pod carries
+    that much more load, and the conversations' later turns follow them, so at moderate load a pod of
+    eight stayed idle for most of a minute (bench/results/prefix-gap-2026-12-03.md)."""
 
     type_name: ClassVar[str] = "least-work-prefix-filter"
     consumes = (PENDING_PREFILL, PROMPT_TOKENS, PREFIX_MATCH)
@@ -319,6 +334,8 @@ class LeastWorkWithPrefix(Filter):
     per_waiting: float
     tolerance: float
     held_weight: float = 1.0
+    sole_weight: float = 1.0
+    idle_first: bool = False
 
     def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         if len(pods) < 2:
@@ -331,15 +348,26 @@ class LeastWorkWithPrefix(Filter):
         per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
         # The prefill every pod would do without a hit; a hit takes its share of the blocks off.
         own = per_pending_token * prompt
-        per_block = self.held_weight * own / len(hashes) if hashes else 0.0
+        per_block = own / len(hashes) if hashes else 0.0
+        held = [matched.get(pod.address, 0) for pod in pods]
+        saved = [per_block * self.held_weight * n for n in held]
+        if any(held):
+            top = max(range(len(held)), key=held.__getitem__)
+            alone = held[top] - max(n for i, n in enumerate(held) if i != top)
+            if alone and self.sole_weight > self.held_weight:
+                saved[top] += per_block * (self.sole_weight - self.held_weight) * alone
+            if not alone and self.idle_first:
+                idle = [not (pod.running or pod.waiting or pending.get(pod.address, 0.0)) for pod in pods]
+                if any(idle):
+                    return facts_of(pods).select(pods, idle)
         costs = [
             per_pending_token * pending.get(pod.address, 0.0)
             + own
-            - per_block * matched.get(pod.address, 0)
+            - saved[i]
             + per_running * pod.running
             + per_kv_cache * pod.kv_cache_usage
             + per_waiting * pod.waiting
-            for pod in pods
+            for i, pod in enumerate(pods)
         ]
         limit = min(costs) + self.tolerance
         return facts_of(pods).select(pods, [cost <= limit for cost in costs])

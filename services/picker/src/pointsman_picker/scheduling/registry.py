@@ -98,6 +98,14 @@ def _work(p: Mapping[str, Any]) -> tuple[float, float, float, float, float]:
     return pending, running, kv_cache, waiting, tolerance
 
 
+def _least_work_prefix(p: Mapping[str, Any]) -> LeastWorkWithPrefix:
+    if not isinstance(p["idlePodFirst"], bool):
+        raise ValueError(f"idlePodFirst must be true or false, not {p['idlePodFirst']!r}")
+    return LeastWorkWithPrefix(
+        *_work(p), float(p["heldPrefixWeight"]), float(p["soleHolderWeight"]), p["idlePodFirst"]
+    )
+
+
 def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
     return {
         CriticalRequest.type_name: ({}, lambda p: CriticalRequest()),
@@ -116,8 +124,8 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
         LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
         LeastWorkWithPrefix.type_name: (
-            {**WORK_PARAMETERS, "heldPrefixWeight": 1.0},
-            lambda p: LeastWorkWithPrefix(*_work(p), float(p["heldPrefixWeight"])),
+            {**WORK_PARAMETERS, "heldPrefixWeight": 1.0, "soleHolderWeight": 1.0, "idlePodFirst": False},
+            _least_work_prefix,
         ),
         LoraSpreadAffinity.type_name: (
             {
