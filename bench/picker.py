@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -449,20 +449,31 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
-async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dict[str, Any]:
+async def fixed_rate(
+    port: int,
+    body: bytes,
+    rate: float,
+    seconds: float,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    raw: bool = False,
+) -> dict[str, Any]:
     """Open loop: request i is due at start + i / rate and is sent then on a free connection (a new
-    one when none is free); its latency counts from the send, ``send_lag`` from when it was due."""
+    one when none is free); its latency counts from the send, ``send_lag`` from when it was due.
+    ``raw``: also every served request's send time on ``clock`` and latency (bench/picker_tail.py
+    lines them up with a probed picker's events)."""
     loop = asyncio.get_running_loop()
     request = http_request(port, body)
     free: list[Connection] = []
     opened: list[Connection] = []
+    sends: list[float] = []
     latencies: list[float] = []
     lags: list[float] = []
     errors = 0
 
     async def one(due: float) -> None:
         nonlocal errors
-        sent = time.perf_counter()
+        sent = clock()
         lags.append(sent - due)
         try:
             conn = free.pop() if free else None
@@ -473,7 +484,8 @@ async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dic
         except OSError:
             status = 0
         if status == 200:
-            latencies.append(time.perf_counter() - sent)
+            sends.append(sent)
+            latencies.append(clock() - sent)
         else:
             errors += 1
         if conn is not None and not conn.closed:
@@ -481,16 +493,16 @@ async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dic
 
     total = int(rate * seconds)
     tasks: list[asyncio.Task[None]] = []
-    start = time.perf_counter() + 0.05
+    start = clock() + 0.05
     i = 0
     while i < total:
-        now = time.perf_counter()
+        now = clock()
         # Everything due by now goes out at once: the loop's timers are millisecond-coarse.
         while i < total and start + i / rate <= now:
             tasks.append(asyncio.create_task(one(start + i / rate)))
             i += 1
         if i < total:
-            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            await asyncio.sleep(max(0.0, start + i / rate - clock()))
     await asyncio.gather(*tasks)
     for conn in opened:
         if conn.transport is not None:
@@ -502,6 +514,7 @@ async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dic
         "p99_ms": _ms(percentile(latencies, 0.99)) if latencies else None,
         "send_lag_p99_ms": _ms(percentile(lags, 0.99)),
         "connections": len(opened),
+        **({"raw": list(zip(sends, latencies, strict=True))} if raw else {}),
     }
 
 

@@ -20,7 +20,6 @@ events. Writes JSON (``--output``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import json
@@ -59,61 +58,15 @@ def schedstat(pid: int) -> tuple[float, float, int]:
 
 
 async def fixed_rate(port: int, body: bytes, rate: float, seconds: float) -> dict[str, Any]:
-    """``bench.fixed_rate``, keeping each request's send time (monotonic) and latency."""
-    loop = asyncio.get_running_loop()
-    request = bench.http_request(port, body)
-    free: list[bench.Connection] = []
-    opened: list[bench.Connection] = []
-    sends: list[float] = []
-    latencies: list[float] = []
-    lags: list[float] = []
-    errors = 0
-
-    async def one(due: float) -> None:
-        nonlocal errors
-        sent = time.monotonic()
-        lags.append(sent - due)
-        try:
-            conn = free.pop() if free else None
-            if conn is None:
-                _, conn = await loop.create_connection(bench.Connection, bench.HOST, port)
-                opened.append(conn)
-            status = await conn.send(request)
-        except OSError:
-            status = 0
-        if status == 200:
-            sends.append(sent)
-            latencies.append(time.monotonic() - sent)
-        else:
-            errors += 1
-        if conn is not None and not conn.closed:
-            free.append(conn)
-
-    total = int(rate * seconds)
-    tasks: list[asyncio.Task[None]] = []
-    start = time.monotonic() + 0.05
-    i = 0
-    while i < total:
-        now = time.monotonic()
-        while i < total and start + i / rate <= now:
-            tasks.append(asyncio.create_task(one(start + i / rate)))
-            i += 1
-        if i < total:
-            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-    await asyncio.gather(*tasks)
-    for conn in opened:
-        if conn.transport is not None:
-            conn.transport.close()
+    """``bench.fixed_rate`` on the probe's clock (monotonic), with each request's send time and latency."""
+    result = await bench.fixed_rate(port, body, rate, seconds, clock=time.monotonic, raw=True)
+    pairs = result.pop("raw")
+    latencies = [latency for _, latency in pairs]
     return {
-        "requests": total,
-        "errors": errors,
-        "p50_ms": bench._ms(percentile(latencies, 0.5)),
-        "p99_ms": bench._ms(percentile(latencies, 0.99)),
+        **result,
         "p999_ms": bench._ms(percentile(latencies, 0.999)),
         "max_ms": bench._ms(max(latencies)),
-        "send_lag_p99_ms": bench._ms(percentile(lags, 0.99)),
-        "connections": len(opened),
-        "raw": [(round(s, 6), round(lat * 1e3, 3)) for s, lat in zip(sends, latencies, strict=True)],
+        "raw": [(round(sent, 6), round(latency * 1e3, 3)) for sent, latency in pairs],
     }
 
 

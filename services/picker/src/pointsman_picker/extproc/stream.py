@@ -355,7 +355,7 @@ class RequestStream:
         if self._response_body_mode == _MODE.NONE:
             # The body will not be shown: Envoy's access log brings its size and tokens, labelled by this
             # (on the answer that carries the destination).
-            carrier = answers[0] if self._body_mode == _FULL_DUPLEX else answers[-1]
+            carrier = answers[0] if self._headers_wait else answers[-1]
             responses.with_route_metadata(carrier, routing.model, routing.target)
         return answers
 
@@ -378,31 +378,22 @@ class RequestStream:
                     metadata_namespace=settings.metadata_namespace,
                 )
             ]
-        if self._body_mode == _FULL_DUPLEX:
-            return [
-                responses.request_headers_routed(
-                    routing.endpoint,
-                    destination_header=settings.destination_header,
-                    metadata_namespace=settings.metadata_namespace,
-                    content_length=len(routing.body),
-                ),
-                *responses.request_body_streamed(routing.body),
-            ]
         # STREAMED: one answer per chunk, in order. Earlier chunks are dropped when the last answer
         # carries a rewritten body; else they pass as they are.
         earlier = responses.request_body_cleared if routing.rewritten else responses.request_body_continue
-        if self._headers_wait:  # the body came without waiting: the held header answer routes
+        if self._headers_wait:
+            # The body came without waiting for the header answer (FULL_DUPLEX_STREAMED, or STREAMED
+            # with send_body_without_waiting_for_header_response): that held answer routes.
+            headers = responses.request_headers_routed(
+                routing.endpoint,
+                destination_header=settings.destination_header,
+                metadata_namespace=settings.metadata_namespace,
+                content_length=len(routing.body),
+            )
+            if self._body_mode == _FULL_DUPLEX:
+                return [headers, *responses.request_body_streamed(routing.body)]
             last = responses.request_body_replaced(routing.body) if routing.rewritten else earlier()
-            return [
-                responses.request_headers_routed(
-                    routing.endpoint,
-                    destination_header=settings.destination_header,
-                    metadata_namespace=settings.metadata_namespace,
-                    content_length=len(routing.body),
-                ),
-                *(earlier() for _ in range(chunks - 1)),
-                last,
-            ]
+            return [headers, *(earlier() for _ in range(chunks - 1)), last]
         return [
             *(earlier() for _ in range(chunks - 1)),
             responses.request_body_routed(
