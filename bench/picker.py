@@ -408,8 +408,8 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._buffer += data
         end = self._buffer.find(b"\r\n\r\n")
-        if end < 0 or self._done is None:
-            return
+        if end < 0 or self._done is None or self._done.done():
+            return  # (done: given up on, e.g. cancelled by its caller's timeout)
         head = bytes(self._buffer[:end])
         length = _LENGTH.search(head)
         if length is not None:

@@ -280,7 +280,9 @@ def process_figures(pid: int, *, port: int | None = None) -> dict[str, Any]:
 class Sampler:
     def __init__(self, services: Services) -> None:
         self.services = services
-        self._http = httpx.Client(timeout=5.0)
+        # A new connection per sample: the collector's uvicorn closes a connection idle for 5 s, the
+        # sampling interval, so a kept one can close just as the next sample is sent on it.
+        self._http = httpx.Client(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))
         self._cpu = {name: cpu_seconds(pid) for name, pid in self._all_pids().items()}
         self._machine = machine_busy_seconds()
         self._wall = time.perf_counter()
