@@ -26,11 +26,11 @@ from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
+from pointsman_picker.extproc.responses import ROUTE_NAMESPACE  # written on the routed answer
 from pointsman_picker.h2grpc.calls import Method, ServerStream
 from pointsman_picker.routing import Usage
 
 ACCESS_LOG_PATH = "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
-ROUTE_NAMESPACE = "pointsman.route"  # written by the picker (responses.with_route_metadata)
 USAGE_NAMESPACE = "pointsman.usage"  # written by deploy/envoy/usage.lua
 # Envoy sends a batch when its buffer (16 KB in the shipped bootstraps) fills or its timer fires, so a
 # message is tens of KB at most; these bounds only stop a client that is not that Envoy.

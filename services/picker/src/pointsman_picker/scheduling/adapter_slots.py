@@ -190,8 +190,6 @@ class AdapterSlots(RequestPlugin):
             recent = self._recent[ticket.address] = {}
         recent[target] = ticket.at
         self._dirty.add(ticket.address)
-        if target in self._base:
-            return
         sent = self._sent.get(ticket.address)
         if sent is None:
             sent = self._sent[ticket.address] = OrderedDict()

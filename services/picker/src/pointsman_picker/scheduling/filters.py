@@ -351,7 +351,7 @@ class LeastWorkWithPrefix(Filter):
         per_block = own / len(hashes) if hashes else 0.0
         held = [matched.get(pod.address, 0) for pod in pods]
         saved = [per_block * self.held_weight * n for n in held]
-        if any(held):
+        if (self.sole_weight > self.held_weight or self.idle_first) and any(held):
             top = max(range(len(held)), key=held.__getitem__)
             alone = held[top] - max(n for i, n in enumerate(held) if i != top)
             if alone and self.sole_weight > self.held_weight:
