@@ -41,6 +41,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -971,6 +972,59 @@ class Bench:
             merged[key] = max(values) if key.endswith("p99_ms") else sorted(values)[len(values) // 2]
         return merged | usage.report(requests) | {"calibration_ms": calibration}
 
+    # -- the headline's latency: Envoy alone and the shipped mode in turns ------------------------
+    def paired(self, stack: Pickers, pods: Sequence[int], server: str, rounds: int) -> dict[str, Any]:
+        """Envoy alone and one picker in the shipped mode, ``rounds`` fixed-rate runs each, taken in
+        turns (the order reversed every other round): what the picker adds, per round and the median
+        of the rounds. A single p99 over 2,500 requests on a shared machine moves by a millisecond from
+        one run to the next; rounds side by side see the machine alike."""
+        picker, ext_proc = stack.start_picker(f"picker-{server}-paired", server)
+        doc, alone_port = alone_bootstrap(pods)
+        alone = start_envoy(doc, "envoy-alone-paired", self.run_dir)
+        doc, shipped_port = SHIPPED.bootstrap([ext_proc])
+        shipped = start_envoy(doc, f"envoy-{server}-paired", self.run_dir)
+        try:
+            wait_completion(alone, alone_port, PLAIN)
+            wait_completion(shipped, shipped_port, REWRITTEN)
+            targets = {
+                "alone": (alone_port, PLAIN, Meter({"envoy": alone.pid, "backend": self.backend.pid})),
+                SHIPPED.name: (
+                    shipped_port,
+                    REWRITTEN,
+                    Meter({"picker": picker.pid, "envoy": shipped.pid, "backend": self.backend.pid}),
+                ),
+            }
+            for port, body, _ in targets.values():  # warm-up: connections, the first streams
+                aio.run(fixed_rate(port, body, self.rate, 1.0))
+            runs: list[dict[str, Any]] = []
+            for r in range(rounds):
+                order = list(targets) if r % 2 == 0 else list(targets)[::-1]
+                runs.append({name: self.fixed(*targets[name]) for name in order})
+        finally:
+            shipped.stop(5)
+            alone.stop(5)
+            stack.stop_picker(picker)
+        added = [
+            {
+                key: round(run[SHIPPED.name][f"{key}_ms"] - run["alone"][f"{key}_ms"], 3)
+                for key in ("p50", "p99")
+            }
+            for run in runs
+        ]
+
+        return {
+            "what": (
+                f"picker.server={server}; Envoy alone and the shipped mode, {rounds} runs of "
+                f"{self.seconds:g} s at {self.rate:g} req/s each, in turns (order reversed every other "
+                "round); added = shipped - alone within a round; the headline is the median of the rounds"
+            ),
+            "rounds": rounds,
+            "added_p50_ms": round(statistics.median(a["p50"] for a in added), 3),
+            "added_p99_ms": round(statistics.median(a["p99"] for a in added), 3),
+            "added": added,
+            "runs": runs,
+        }
+
     # -- tracing: the same picker with tracing off and on, side by side ----------------------------
     def tracing(self, stack: Pickers, server: str, rounds: int = 2) -> dict[str, Any]:
         """Off and on (every request sampled, exported over OTLP/gRPC to a receiver in a process of its
@@ -1086,19 +1140,25 @@ def busy_runs(tree: dict[str, Any], path: str = "") -> list[str]:
     return found
 
 
-def headline(alone: dict[str, Any], head: dict[str, Any], streams: dict[str, Any] | None) -> dict[str, Any]:
-    """The top-level figures: the shipped mode's, against Envoy alone."""
+def headline(head: dict[str, Any], paired: dict[str, Any], streams: dict[str, Any] | None) -> dict[str, Any]:
+    """The top-level figures: the shipped mode's, against Envoy alone (latency: the paired rounds')."""
     shipped = head[SHIPPED.name]
-    fixed, base = shipped["fixed_rate"], alone["fixed_rate"]
+    runs = paired["runs"]
+
+    def middle(name: str, key: str) -> float:
+        values = sorted(float(run[name][key]) for run in runs)
+        return values[len(values) // 2]
+
     out: dict[str, Any] = {
         "cpu_us_per_request": shipped["closed_loop"]["cpu_us_per_request"]["picker"],
         "max_requests_per_s": shipped["closed_loop"]["per_s"],
-        "envoy_p50_ms": base["p50_ms"],
-        "envoy_p99_ms": base["p99_ms"],
-        "picker_p50_ms": fixed["p50_ms"],
-        "picker_p99_ms": fixed["p99_ms"],
-        "added_p50_ms": round(fixed["p50_ms"] - base["p50_ms"], 3),
-        "added_p99_ms": round(fixed["p99_ms"] - base["p99_ms"], 3),
+        "envoy_p50_ms": middle("alone", "p50_ms"),
+        "envoy_p99_ms": middle("alone", "p99_ms"),
+        "picker_p50_ms": middle(SHIPPED.name, "p50_ms"),
+        "picker_p99_ms": middle(SHIPPED.name, "p99_ms"),
+        "added_p50_ms": paired["added_p50_ms"],
+        "added_p99_ms": paired["added_p99_ms"],
+        "latency_rounds": paired["rounds"],
     }
     if streams is not None:
         out["streamed"] = streamed_headline(streams)
@@ -1164,10 +1224,11 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|",
         "| picker CPU per request (shipped mode, closed loop) | "
         f"{_cell(result['cpu_us_per_request'], ' µs')} | |",
-        f"| at {result['rate']:g} req/s, p50 / p99: Envoy + picker; Envoy alone | "
+        f"| at {result['rate']:g} req/s, p50 / p99 (the rounds' medians): Envoy + picker; Envoy alone | "
         f"{result['picker_p50_ms']} / {result['picker_p99_ms']} ms; "
         f"{result['envoy_p50_ms']} / {result['envoy_p99_ms']} ms | |",
-        f"| added by the picker at {result['rate']:g} req/s, p50 / p99 | "
+        f"| added by the picker at {result['rate']:g} req/s, p50 / p99 (median of "
+        f"{result['latency_rounds']} rounds in turn, below) | "
         f"+{result['added_p50_ms']} / +{result['added_p99_ms']} ms | + ≤ 1 ms / + ≤ 2.5 ms |",
     ]
     streamed = result.get("streamed")
@@ -1192,6 +1253,23 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "| #423 tree over 512 pods, in-process (`decision_us_512_pods`) | "
         f"{result['decision_us_512_pods']} µs | < 50 µs |",
+    ]
+    paired = detail.get("paired")
+    if paired is not None:
+        lines += [
+            "",
+            f"The headline's latency ({paired['what']}), p50 / p99 ms:",
+            "",
+            "| round | Envoy alone | shipped | added |",
+            "|---|---|---|---|",
+        ]
+        for i, (run, added) in enumerate(zip(paired["runs"], paired["added"], strict=True), 1):
+            alone_run, shipped_run = run["alone"], run[SHIPPED.name]
+            lines.append(
+                f"| {i} | {alone_run['p50_ms']} / {alone_run['p99_ms']} | "
+                f"{shipped_run['p50_ms']} / {shipped_run['p99_ms']} | +{added['p50']} / +{added['p99']} |"
+            )
+    lines += [
         "",
         "One-token requests (picker CPU under the closed loop, wrk; latency from the open-loop client):",
         "",
@@ -1270,6 +1348,12 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=16, help="wrk's connections")
     parser.add_argument("--stream-connections", type=int, default=40, help="concurrent streamed completions")
     parser.add_argument("--pods", type=int, default=3, help="backend pods (listeners)")
+    parser.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=5,
+        help="rounds of Envoy alone and the shipped mode in turn, for the headline's added latency",
+    )
     parser.add_argument("--servers", default=",".join(SERVERS), help="picker.server values to run")
     parser.add_argument("--no-streams", action="store_true", help="skip the streamed workload")
     parser.add_argument(
@@ -1331,6 +1415,7 @@ def main() -> int:
         try:
             for server in servers:
                 by_server[server] = bench.pickers(stack, server)
+            paired = bench.paired(stack, pods, headline_server, args.latency_rounds)
             traced = bench.tracing(stack, headline_server)
             prefix = run_prefix(bench, stack, headline_server)
         finally:
@@ -1344,7 +1429,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "percentile_rule": PERCENTILE_RULE,
         "mode": SHIPPED.name,
-        **headline(alone, by_server[headline_server], streams.get(headline_server)),
+        **headline(by_server[headline_server], paired, streams.get(headline_server)),
         "rate": args.rate,
         "decision_us_512_pods": round(schedule["schedule_critical_512_pods_us"], 1),
         "two_process_max_requests_per_s": by_server[headline_server]["two_processes"]["closed_loop"]["per_s"],
@@ -1389,10 +1474,17 @@ def main() -> int:
                 "picker_body": REWRITTEN.decode(),
             },
             "envoy_alone": alone,
+            "paired": paired,
             "servers": by_server,
             "streams": streams,
             "busy_runs": busy_runs(
-                {"envoy_alone": alone, "servers": by_server, "vllm_router": routers, "streams": streams}
+                {
+                    "envoy_alone": alone,
+                    "paired": {f"round_{i}": run for i, run in enumerate(paired["runs"], 1)},
+                    "servers": by_server,
+                    "vllm_router": routers,
+                    "streams": streams,
+                }
             ),
             "vllm_router": routers,
             "schedule_us": {k: round(v, 1) for k, v in schedule.items()},
