@@ -145,11 +145,18 @@ CHART_FILES := \
 	files/gateway-ca.yaml=deploy/k8s/components/picker-mtls/gateway-ca.yaml \
 	files/picker-certificate.yaml=deploy/k8s/base/picker-certificate.yaml \
 	files/picker-tls-proxy-mtls.yaml=deploy/k8s/components/picker-mtls/picker-tls-proxy.yaml \
-	files/picker-tls-proxy.yaml=deploy/k8s/base/picker-tls-proxy.yaml
+	files/picker-tls-proxy.yaml=deploy/k8s/base/picker-tls-proxy.yaml \
+	files/usage.lua=deploy/envoy/usage.lua
+# The same for kustomize, which reads nothing outside a kustomization's directory (DEST from the top).
+K8S_FILES := \
+	deploy/k8s/overlays/envoy-gateway/usage.lua=deploy/envoy/usage.lua
 .PHONY: chart-files
-chart-files: ## copy the dashboards and manifests the Helm chart ships into its files/ (after editing them)
+chart-files: ## copy the files the Helm chart's files/ and the kustomizations ship from their sources (after editing them)
 	@for pair in $(CHART_FILES); do \
 		dest=$(CHART)/$${pair%%=*}; src=$${pair#*=}; rm -rf $$dest; cp -R $$src $$dest; echo "$$dest <- $$src"; \
+	done
+	@for pair in $(K8S_FILES); do \
+		dest=$${pair%%=*}; src=$${pair#*=}; cp $$src $$dest; echo "$$dest <- $$src"; \
 	done
 
 up: ## docker compose: build the images, start the whole stack, wait until every service is healthy

@@ -9,8 +9,9 @@
 -- A JSON completion has "usage" in its one object; an SSE stream in its last event when the client
 -- asked for it (stream_options.include_usage; earlier events may say "usage":null). The key or the
 -- object may straddle two chunks: the last bytes of each chunk are searched again with the next.
--- One source: pointsman_devstack.envoy embeds this file into every bootstrap it renders (Envoy
--- Gateway users give it to an EnvoyExtensionPolicy's lua: docs/envoy.md, "Response side").
+-- One source: pointsman_devstack.envoy embeds this file into every bootstrap it renders; the
+-- envoy-gateway overlay and the Helm chart ship copies for an EnvoyExtensionPolicy's lua (`make
+-- chart-files`; a deploy test fails while a copy differs).
 
 local KEY = '"usage"'
 local OVERLAP = #KEY - 1 -- a key split across two chunks is found in the next one

@@ -1,5 +1,6 @@
-"""What the deploy tests share: the repository's paths, YAML loading, PromQL metric-name extraction, and
-the upstream (GIE) CRD schemas with a validator that checks custom resources as the API server would."""
+"""What the deploy tests share: the repository's paths, YAML loading, PromQL metric-name extraction, the
+Makefile's lists of copied files, and the upstream CRD schemas (GIE's, Envoy Gateway's) with a validator
+that checks custom resources as the API server would."""
 
 from __future__ import annotations
 
@@ -100,8 +101,12 @@ INFERENCE_GROUPS = frozenset({"inference.networking.k8s.io", "inference.networki
 @functools.cache
 def gie_crd_schemas(release: str) -> dict[tuple[str, str], dict[str, Any]]:
     """``(apiVersion, kind)`` to the openAPIV3Schema of each version the release's CRDs serve."""
+    return _crd_schemas(GIE_CRDS / release)
+
+
+def _crd_schemas(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
     schemas = {}
-    for path in sorted((GIE_CRDS / release).glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         crd = load_yaml(path)
         assert crd["kind"] == "CustomResourceDefinition", path
         for version in crd["spec"]["versions"]:
@@ -116,13 +121,132 @@ def is_gie_kind(obj: dict[str, Any]) -> bool:
     return str(obj.get("apiVersion", "")).split("/")[0] in INFERENCE_GROUPS
 
 
+# --- Envoy Gateway's CRDs ------------------------------------------------------------------------------
+
+# The release the envoy-gateway overlay and the chart's Envoy Gateway objects are written for and checked
+# against (docs/deploy.md): its charts/gateway-helm CRDs of the kinds rendered, with a README naming the
+# commit.
+EG_CRDS = REPO / "tests/deploy/data/eg-crds"
+EG_RELEASE = "v1.9.0"
+# Its Lua validator's mocks of Envoy's Lua API and security wrappers (internal/gatewayapi/luavalidator).
+EG_LUA_VALIDATOR = EG_CRDS / EG_RELEASE / "luavalidator"
+ENVOY_GATEWAY_GROUP = "gateway.envoyproxy.io"
+
+
+@functools.cache
+def eg_crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """``(apiVersion, kind)`` to the openAPIV3Schema of the pinned Envoy Gateway release's CRDs."""
+    return _crd_schemas(EG_CRDS / EG_RELEASE)
+
+
+def is_eg_kind(obj: dict[str, Any]) -> bool:
+    return str(obj.get("apiVersion", "")).split("/")[0] == ENVOY_GATEWAY_GROUP
+
+
+def eg_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """Why some Envoy Gateway object of ``objects`` would not apply with the pinned release's CRDs."""
+    schemas = eg_crd_schemas()
+    problems = []
+    for obj in filter(is_eg_kind, objects):
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        schema = schemas.get((obj["apiVersion"], obj["kind"]))
+        if schema is None:
+            problems.append(f"{where}: no CRD here for {obj['apiVersion']} {obj['kind']}")
+        else:
+            problems += [f"{where}: {problem}" for problem in custom_resource_problems(obj, schema)]
+    return problems
+
+
+# --- the Makefile's copies -----------------------------------------------------------------------------
+
+
+def makefile_copies(variable: str, root: Path = REPO) -> list[tuple[Path, Path]]:
+    """A ``DEST=SOURCE`` list of the Makefile (CHART_FILES, K8S_FILES) as (copy, source), DEST taken from
+    ``root`` and SOURCE from the repository's top."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    block = re.search(rf"^{variable} := \\\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert block, variable
+    pairs = [line.strip().rstrip("\\").strip().split("=") for line in block.group(1).splitlines()]
+    return [(root / dest, REPO / src) for dest, src in pairs]
+
+
+def file_tree(path: Path) -> dict[str, bytes]:
+    """A file's bytes, or a directory's files' by their relative paths."""
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
 def _ports_unique(ports: list[dict[str, Any]]) -> bool:
     numbers = [p.get("number") for p in ports]
     return len(numbers) == len(set(numbers))
 
 
-# The CEL rules (x-kubernetes-validations) of the GIE CRDs, as Python: jsonschema does not read CEL. A
-# rule not in this table fails validation, so a new one in a refreshed CRD is noticed, not skipped.
+# Envoy Gateway's policies attach to these kinds; mergeType only to routes.
+_EG_TARGETS = frozenset(
+    {"Gateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "UDPRoute", "TCPRoute", "TLSRoute"}
+)
+_EG_ROUTES = _EG_TARGETS - {"Gateway", "ListenerSet"}
+_EG_ADMISSION_TARGETS = frozenset({"Gateway", "ListenerSet", "HTTPRoute", "GRPCRoute"})
+
+
+def _eg_targets_are(spec: dict[str, Any], kinds: frozenset[str]) -> bool:
+    """Every targetRef, targetRefs entry and targetSelectors entry names one of ``kinds``."""
+    refs = [spec["targetRef"]] if "targetRef" in spec else []
+    refs += spec.get("targetRefs", []) + spec.get("targetSelectors", [])
+    return all(ref["kind"] in kinds for ref in refs)
+
+
+def _eg_one_target(spec: dict[str, Any]) -> bool:
+    return (("targetRef" in spec) != ("targetRefs" in spec)) or bool(spec.get("targetSelectors"))
+
+
+def _refs_kinds(*kinds: str) -> Callable[[Any], bool]:
+    # "has(self.backendRefs) ? self.backendRefs.all(f, f.kind == K1 || ...) : true"
+    return lambda value: all(r.get("kind", "Service") in kinds for r in value.get("backendRefs", []))
+
+
+def _refs_groups(*groups: str) -> Callable[[Any], bool]:
+    # "has(self.backendRefs) ? (self.backendRefs.all(f, f.group == G1 || ...)) : true"
+    return lambda value: all(r.get("group", "") in groups for r in value.get("backendRefs", []))
+
+
+def _only_one_sink(kind: str, field: str) -> Callable[[Any], bool]:
+    # "self.type == KIND ? has(self.FIELD) : !has(self.FIELD)"
+    return lambda sink: (field in sink) is (sink.get("type") == kind)
+
+
+def _eg_full_duplex_fails_closed(ext_proc: dict[str, Any]) -> bool:
+    modes = ext_proc.get("processingMode", {})
+    full_duplex = any(
+        modes.get(side, {}).get("body") == "FullDuplexStreamed" for side in ("request", "response")
+    )
+    return not (ext_proc.get("failOpen") is True and full_duplex)
+
+
+def _eg_shadow_streams(ext_proc: dict[str, Any]) -> bool:
+    modes = ext_proc.get("processingMode", {})
+    bodies = [modes.get(side, {}).get("body") for side in ("request", "response")]
+    return not (ext_proc.get("shadowMode") is True and any(b not in (None, "Streamed") for b in bodies))
+
+
+def _eg_preconnect_balanced(settings: dict[str, Any]) -> bool:
+    predictive = "predictivePercent" in settings.get("connection", {}).get("preconnect", {})
+    balancer = settings.get("loadBalancer", {}).get("type") in ("Random", "RoundRobin")
+    return not (predictive and not balancer)
+
+
+def _eg_lua_source(lua: dict[str, Any]) -> bool:
+    inline, ref = "inline" in lua, "valueRef" in lua
+    return (lua["type"] == "Inline" and inline and not ref) or (
+        lua["type"] == "ValueRef" and ref and not inline
+    )
+
+
+# The CEL rules (x-kubernetes-validations) of the GIE CRDs and of Envoy Gateway's (only those on fields
+# the manifests here set), as Python: jsonschema does not read CEL. A rule not in this table fails
+# validation, so a new one in a refreshed CRD, or on a field newly set, is noticed, not skipped. Rules
+# are looked up without surrounding spaces (Envoy Gateway's CRDs end some with one).
 _CEL_RULES: dict[str, Callable[[Any], bool]] = {
     # Transition rules compare with the stored object: always true on create.
     "self == oldSelf": lambda _value: True,
@@ -133,6 +257,88 @@ _CEL_RULES: dict[str, Callable[[Any], bool]] = {
     "self.all(model, has(model.weight)) || self.all(model, !has(model.weight))": lambda models: (
         len({"weight" in m for m in models}) <= 1
     ),
+    # Envoy Gateway v1.9.0: the policies' targets (BackendTrafficPolicy, EnvoyExtensionPolicy).
+    "(has(self.targetRef) && !has(self.targetRefs)) || (!has(self.targetRef) && has(self.targetRefs)) || "
+    "(has(self.targetSelectors) && self.targetSelectors.size() > 0)": _eg_one_target,
+    "has(self.targetRef) ? self.targetRef.group == 'gateway.networking.k8s.io' : true": lambda spec: (
+        spec.get("targetRef", {}).get("group", "gateway.networking.k8s.io") == "gateway.networking.k8s.io"
+    ),
+    "has(self.targetRef) ? self.targetRef.kind in ['Gateway', 'ListenerSet', 'HTTPRoute', 'GRPCRoute', "
+    "'UDPRoute', 'TCPRoute', 'TLSRoute'] : true": lambda spec: (
+        "targetRef" not in spec or spec["targetRef"]["kind"] in _EG_TARGETS
+    ),
+    "has(self.targetRefs) ? self.targetRefs.all(ref, ref.group == 'gateway.networking.k8s.io') : true": (
+        lambda spec: all(r["group"] == "gateway.networking.k8s.io" for r in spec.get("targetRefs", []))
+    ),
+    "has(self.targetRefs) ? self.targetRefs.all(ref, ref.kind in ['Gateway', 'ListenerSet', 'HTTPRoute', "
+    "'GRPCRoute', 'UDPRoute', 'TCPRoute', 'TLSRoute']) : true": lambda spec: all(
+        r["kind"] in _EG_TARGETS for r in spec.get("targetRefs", [])
+    ),
+    "!has(self.mergeType) || ((!has(self.targetRef) || self.targetRef.kind in ['HTTPRoute', 'GRPCRoute', "
+    "'UDPRoute', 'TCPRoute', 'TLSRoute']) && (!has(self.targetRefs) || self.targetRefs.all(ref, ref.kind in "
+    "['HTTPRoute', 'GRPCRoute', 'UDPRoute', 'TCPRoute', 'TLSRoute'])) && (!has(self.targetSelectors) || "
+    "self.targetSelectors.all(sel, sel.kind in ['HTTPRoute', 'GRPCRoute', 'UDPRoute', 'TCPRoute', "
+    "'TLSRoute'])))": lambda spec: "mergeType" not in spec or _eg_targets_are(spec, _EG_ROUTES),
+    "!has(self.admissionControl) || ((!has(self.targetRef) || self.targetRef.kind in ['Gateway', "
+    "'ListenerSet', 'HTTPRoute', 'GRPCRoute']) && (!has(self.targetRefs) || self.targetRefs.all(ref, "
+    "ref.kind in ['Gateway', 'ListenerSet', 'HTTPRoute', 'GRPCRoute'])) && (!has(self.targetSelectors) || "
+    "self.targetSelectors.all(sel, sel.kind in ['Gateway', 'ListenerSet', 'HTTPRoute', 'GRPCRoute'])))": (
+        lambda spec: "admissionControl" not in spec or _eg_targets_are(spec, _EG_ADMISSION_TARGETS)
+    ),
+    # BackendTrafficPolicy, and the backendSettings of an extProc.
+    "!has(self.compression) || !has(self.compressor)": lambda spec: (
+        not {"compression", "compressor"} <= set(spec)
+    ),
+    "!has(self.requestBuffer) || !has(self.httpUpgrade) || self.httpUpgrade.size() == 0": lambda spec: (
+        "requestBuffer" not in spec or not spec.get("httpUpgrade")
+    ),
+    "!((has(self.connection) && has(self.connection.preconnect) && has(self.connection.preconnect."
+    "predictivePercent)) && !(has(self.loadBalancer) && has(self.loadBalancer.type) && "
+    "self.loadBalancer.type in ['Random', 'RoundRobin']))": _eg_preconnect_balanced,
+    # EnvoyExtensionPolicy's extProc and lua.
+    "!has(self.backendRef)": lambda value: "backendRef" not in value,
+    "has(self.backendRefs) ? self.backendRefs.all(f, f.kind == 'Service' || f.kind == 'ServiceImport' || "
+    "f.kind == 'Backend') : true": _refs_kinds("Service", "ServiceImport", "Backend"),
+    'has(self.backendRefs) ? (self.backendRefs.all(f, f.group == "" || '
+    "f.group == 'multicluster.x-k8s.io' || f.group == 'gateway.envoyproxy.io')) : true": _refs_groups(
+        "", "multicluster.x-k8s.io", ENVOY_GATEWAY_GROUP
+    ),
+    "!(has(self.failOpen) && self.failOpen == true && has(self.processingMode) && ((has(self.processingMode."
+    "request) && has(self.processingMode.request.body) && self.processingMode.request.body == "
+    "'FullDuplexStreamed') || (has(self.processingMode.response) && "
+    "has(self.processingMode.response.body) && self.processingMode.response.body == "
+    "'FullDuplexStreamed')))": _eg_full_duplex_fails_closed,
+    "!(has(self.shadowMode) && self.shadowMode == true && has(self.processingMode) && ((has(self."
+    "processingMode.request) && has(self.processingMode.request.body) && self.processingMode.request.body != "
+    "'Streamed') || (has(self.processingMode.response) && has(self.processingMode.response.body) && "
+    "self.processingMode.response.body != 'Streamed')))": _eg_shadow_streams,
+    "(size(self.group) == 0 && self.kind == 'Service') ? has(self.port) : true": lambda ref: (
+        not (ref.get("group", "") == "" and ref.get("kind", "Service") == "Service") or "port" in ref
+    ),
+    "self.all(f, !f.startsWith('envoy.filters.http'))": lambda names: (
+        not any(n.startswith("envoy.filters.http") for n in names)
+    ),
+    "(self.type == 'Inline' && has(self.inline) && !has(self.valueRef)) || (self.type == 'ValueRef' && "
+    "!has(self.inline) && has(self.valueRef))": _eg_lua_source,
+    "self.kind == 'ConfigMap' && (self.group == 'v1' || self.group == '')": lambda ref: (
+        ref["kind"] == "ConfigMap" and ref["group"] in ("v1", "")
+    ),
+    # EnvoyProxy.
+    "!(has(self.mergeGateways) && self.mergeGateways && has(self.mergeBackends))": lambda spec: (
+        not (spec.get("mergeGateways") is True and "mergeBackends" in spec)
+    ),
+    "self.type == 'ALS' ? has(self.als) : !has(self.als)": _only_one_sink("ALS", "als"),
+    "self.type == 'File' ? has(self.file) : !has(self.file)": _only_one_sink("File", "file"),
+    "self.type == 'OpenTelemetry' ? has(self.openTelemetry) : !has(self.openTelemetry)": _only_one_sink(
+        "OpenTelemetry", "openTelemetry"
+    ),
+    "self.type == 'HTTP' || !has(self.http)": lambda als: als["type"] == "HTTP" or "http" not in als,
+    "has(self.backendRefs) && self.backendRefs.size() > 0": lambda value: bool(value.get("backendRefs")),
+    "has(self.backendRefs) ? self.backendRefs.all(f, f.kind == 'Service' || f.kind == 'Backend') : true": (
+        _refs_kinds("Service", "Backend")
+    ),
+    'has(self.backendRefs) ? (self.backendRefs.all(f, f.group == "" || '
+    "f.group == 'gateway.envoyproxy.io')) : true": _refs_groups("", ENVOY_GATEWAY_GROUP),
 }
 
 
@@ -150,7 +356,7 @@ def custom_resource_problems(obj: dict[str, Any], schema: dict[str, Any]) -> lis
 
 def _structural(value: Any, schema: dict[str, Any], path: str, problems: list[str]) -> None:
     for rule in schema.get("x-kubernetes-validations", []):
-        check = _CEL_RULES.get(rule["rule"])
+        check = _CEL_RULES.get(rule["rule"].strip())
         if check is None:
             problems.append(f"{path or '<root>'}: no check here for the CEL rule {rule['rule']!r}")
         elif not check(value):

@@ -1,7 +1,8 @@
 """deploy/helm/pointsman through Helm's own Go library (helm-python-sdk: no helm binary, nothing downloaded):
 `helm lint` and `helm template` of every values file in the chart's ci/ and of the default one with every
-provider; every rendered object valid against the Kubernetes schemas (kubernetes-validate, offline) or the
-GIE CRDs of each release it is meant for (tests/deploy/data/gie-crds); and the pieces agree: the rendered
+provider; every rendered object valid against the Kubernetes schemas (kubernetes-validate, offline), the
+GIE CRDs of each release it is meant for (tests/deploy/data/gie-crds) or Envoy Gateway's pinned release's
+(tests/deploy/data/eg-crds); and the pieces agree: the rendered
 Pointsman config loads with the services' own loader and names the pool, the probes and Services hit the
 ports it listens on, the collector's Role allows every call its discovery makes, the NetworkPolicies let
 the collectors reach the API, the pods and Redis and only collectors and pickers reach Redis, every pod
@@ -13,7 +14,6 @@ import base64
 import copy
 import functools
 import json
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,12 @@ from deploy_kit import (
     DASHBOARDS,
     GIE_RELEASES,
     REPO,
+    eg_problems,
+    file_tree,
+    is_eg_kind,
     is_gie_kind,
     load_yaml,
+    makefile_copies,
     restricted_pod_problems,
 )
 from test_deploy_k8s import (
@@ -45,6 +49,7 @@ from test_deploy_k8s import (
     _role_permissions,
     cluster_permissions,
     discover_pool,
+    envoy_gateway_usage_path,
     watch_cluster_objects,
 )
 
@@ -300,6 +305,9 @@ def test_every_object_validates(case: str) -> None:
         if is_gie_kind(obj):
             continue  # test_the_gie_release_matrix
         if obj["kind"] in UNCHECKED.get(obj["apiVersion"], ()):
+            continue
+        if is_eg_kind(obj):
+            assert eg_problems([obj]) == [], case
             continue
         problem = _kubernetes_problem(json.dumps(obj, sort_keys=True))
         assert problem is None, f"{case}: {where}: {problem}"
@@ -883,10 +891,44 @@ def test_envoy_gateway_objects_point_at_the_pool_and_the_picker(tmp_path: Path) 
     ]
     assert cluster["type"] == "ORIGINAL_DST"
     assert cluster["original_dst_lb_config"]["http_header_name"] == config.picker.destination_header
+    proxy = envoy_gateway_usage_path(objects, extension, tls=True)
+    assert proxy["spec"]["mergeType"] == "StrategicMerge"
     # Without the patch policy (Envoy Gateway builds ext_proc from the InferencePool): none of it.
     plain = _objects("default+envoy-gateway")
-    assert not _find(plain, "EnvoyExtensionPolicy")
-    assert not _find(plain, "EnvoyPatchPolicy")
+    for kind in ("EnvoyExtensionPolicy", "EnvoyPatchPolicy", "EnvoyProxy"):
+        assert not _find(plain, kind)
+
+
+def test_the_envoy_gateway_usage_path_matches_the_overlay_s() -> None:
+    # The chart's EnvoyProxy is the overlay's but for the names the release gives.
+    from test_deploy_k8s import _objects as overlay_objects
+
+    (overlay,) = copy.deepcopy(_find(overlay_objects("overlays/envoy-gateway"), "EnvoyProxy"))
+    (chart,) = _find(_objects("envoy-gateway"), "EnvoyProxy")
+    names = {"pointsman-picker": PICKER}
+    for setting in overlay["spec"]["telemetry"]["accessLog"]["settings"]:
+        for sink in setting["sinks"]:
+            for ref in sink.get("als", {}).get("backendRefs", []):
+                ref["name"] = names[ref["name"]]
+    assert chart["spec"] == overlay["spec"]
+
+
+def test_without_usage_the_picker_sees_the_response_headers_and_nothing_more() -> None:
+    objects = _objects("envoy-gateway-no-usage")
+    (ext_proc,) = _one(objects, "EnvoyExtensionPolicy", f"{PICKER}-ext-proc")["spec"]["extProc"]
+    assert ext_proc["processingMode"]["response"] == {}
+    assert "metadata" not in ext_proc
+    assert "lua" not in _one(objects, "EnvoyExtensionPolicy", f"{PICKER}-ext-proc")["spec"]
+    assert not _find(objects, "EnvoyProxy")
+    assert not [o for o in _find(objects, "ConfigMap") if o["metadata"]["name"].endswith("usage-lua")]
+    patches = _one(objects, "EnvoyPatchPolicy", f"{PICKER}-original-dst")["spec"]["jsonPatches"]
+    assert "accesslog_als_0_0" not in {p["name"] for p in patches}
+
+
+def test_without_tls_no_cluster_gets_a_tls_patch() -> None:
+    values = {**CASES["envoy-gateway"], "inferenceExtension": {"tls": {"enabled": False}}}
+    objects = _render_values(values)
+    envoy_gateway_usage_path(objects, _one(objects, "EnvoyExtensionPolicy", f"{PICKER}-ext-proc"), tls=False)
 
 
 @pytest.mark.parametrize("case", ["gke", "default+gke"])
@@ -939,17 +981,7 @@ def test_tracing_is_one_setting_away_and_off_by_default(tmp_path: Path) -> None:
 
 def _chart_files() -> list[tuple[Path, Path]]:
     """The Makefile's CHART_FILES: (copy in the chart, its source)."""
-    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
-    block = re.search(r"^CHART_FILES := \\\n((?:\t.*\n)+)", makefile, re.MULTILINE)
-    assert block
-    pairs = [line.strip().rstrip("\\").strip().split("=") for line in block.group(1).splitlines()]
-    return [(REPO / "deploy/helm/pointsman" / dest, REPO / src) for dest, src in pairs]
-
-
-def _tree(path: Path) -> dict[str, bytes]:
-    if path.is_file():
-        return {"": path.read_bytes()}
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return makefile_copies("CHART_FILES", CHART)
 
 
 def test_the_chart_has_no_symlinks() -> None:
@@ -959,7 +991,7 @@ def test_the_chart_has_no_symlinks() -> None:
 
 @pytest.mark.parametrize(("copy", "source"), _chart_files(), ids=lambda p: p.name)
 def test_each_chart_file_is_a_copy_of_its_source(copy: Path, source: Path) -> None:
-    assert _tree(copy) == _tree(source), f"run `make chart-files`: {copy.name} differs from {source}"
+    assert file_tree(copy) == file_tree(source), f"run `make chart-files`: {copy.name} differs from {source}"
 
 
 def test_every_file_in_files_is_one_the_makefile_copies() -> None:

@@ -1,10 +1,11 @@
 """deploy/k8s: every overlay builds with `kubectl kustomize`, every object validates against the Kubernetes
-schemas (kubernetes-validate, offline) or the upstream GIE CRDs' schemas of each release it is meant for
-(tests/deploy/data/gie-crds), and the pieces agree with each other: the Pointsman config parses and
-discovers the InferencePool whose selector matches the overlay's pods, the collector's Role and the
-NetworkPolicies allow what its discovery does, the InferenceObjectives and InferenceModelRewrites (v1) or
-InferenceModels (v1alpha2) are the config's models, the gateway objects point at the picker Service and the
-pool."""
+schemas (kubernetes-validate, offline), the upstream GIE CRDs' schemas of each release it is meant for
+(tests/deploy/data/gie-crds) or Envoy Gateway's pinned release's (tests/deploy/data/eg-crds), and the
+pieces agree with each other: the Pointsman config parses and discovers the InferencePool whose selector
+matches the overlay's pods, the collector's Role and the NetworkPolicies allow what its discovery does, the
+InferenceObjectives and InferenceModelRewrites (v1) or InferenceModels (v1alpha2) are the config's models,
+the gateway objects point at the picker Service and the pool, and Envoy Gateway's get the response's usage
+to the picker as the standalone bootstraps do."""
 
 from __future__ import annotations
 
@@ -26,20 +27,29 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
+import lupa.lua51
 import pytest
 import yaml
 from deploy_kit import (
+    EG_LUA_VALIDATOR,
     GIE_RELEASES,
     REPO,
     custom_resource_problems,
+    eg_problems,
+    file_tree,
     gie_crd_schemas,
+    is_eg_kind,
     is_gie_kind,
+    makefile_copies,
 )
 
 from pointsman_collector.kubernetes import KubeAccess, KubernetesTargets
 from pointsman_collector.kubernetes.cluster_objects import PoolRef
 from pointsman_collector.kubernetes.cluster_watch import ClusterObjectsWatch
+from pointsman_devstack.envoy import ACCESS_LOG_NAME, ROUTE_NAMESPACE, usage_lua
 from pointsman_devstack.stack import served_models
+from pointsman_picker.accesslog import ACCESS_LOG_PATH
+from pointsman_picker.extproc.servicer import PROCESS_PATH
 from pointsman_picker.health import LIVENESS, READINESS_SERVICES
 from pointsman_shared import upstream
 from pointsman_shared.backoff import Backoff
@@ -60,11 +70,11 @@ OVERLAYS = (*POOL_OVERLAYS, *GATEWAY_OVERLAYS, "inference-objectives", "model-re
 VLLM_V1ALPHA2 = "vllm+components/v1alpha2"
 TARGETS = ("base", *[f"overlays/{o}" for o in OVERLAYS], VLLM_V1ALPHA2)
 KUBERNETES_VERSION = "1.33"
-# Kinds from other projects' CRDs: checked here by what refers to what, not by schema.
+# Kinds from other projects' CRDs: checked here by what refers to what, not by schema. Envoy Gateway's
+# are checked against its pinned release's CRDs (tests/deploy/data/eg-crds).
 THIRD_PARTY = {
     "monitoring.coreos.com/v1": {"ServiceMonitor", "PodMonitor"},
     "gateway.networking.k8s.io/v1": {"GatewayClass", "Gateway", "HTTPRoute"},
-    "gateway.envoyproxy.io/v1alpha1": {"EnvoyExtensionPolicy", "EnvoyPatchPolicy", "BackendTrafficPolicy"},
 }
 # The GIE releases whose CRDs each target is meant for: with these installed, every GIE object in it is
 # served and valid; with any other release's, one is not (test_the_gie_release_matrix checks both).
@@ -190,8 +200,8 @@ def test_builds_and_every_object_validates(target: str) -> None:
     objects = _objects(target)
     for obj in objects:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
-        if is_gie_kind(obj):
-            continue  # against each GIE release's CRDs, below
+        if is_gie_kind(obj) or is_eg_kind(obj):
+            continue  # against each GIE release's CRDs and Envoy Gateway's, below
         if obj["kind"] in THIRD_PARTY.get(obj["apiVersion"], ()):
             continue
         try:
@@ -200,6 +210,7 @@ def test_builds_and_every_object_validates(target: str) -> None:
             pytest.fail(f"{target}: {where}: {exc.message} at {list(exc.path)}")
     for release in SUPPORTED_RELEASES.get(target, ()):
         assert _gie_problems(objects, release) == [], release
+    assert eg_problems(objects) == []
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if t not in SUPPORTED_RELEASES])
@@ -303,6 +314,103 @@ def test_the_crd_schemas_refuse_what_the_api_server_would() -> None:
         problems = _gie_problems([obj], release)
         if not any(message in p for p in problems):
             accepted.append((why, release, problems))
+    assert accepted == []
+
+
+def _changed(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``obj`` with the field at the dotted ``path`` (list items by index) set to ``value``
+    (``None``: removed)."""
+    new = copy.deepcopy(obj)
+    *parents, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    node = new
+    for key in parents:
+        node = node[key]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return new
+
+
+def _bad_envoy_gateway_objects() -> list[tuple[str, dict[str, Any], str]]:
+    objects = _objects("overlays/envoy-gateway")
+    extension = _one(objects, "EnvoyExtensionPolicy", "pointsman-ext-proc")
+    proxy = _one(objects, "EnvoyProxy", "pointsman-proxy")
+    patch = _one(objects, "EnvoyPatchPolicy", "pointsman-original-dst")
+    traffic = _one(objects, "BackendTrafficPolicy", "pointsman-pool")
+    sink = "spec.telemetry.accessLog.settings.0.sinks.0"
+    return [
+        # (why, object, what the refusal says)
+        (
+            "a body mode misspelt",
+            _changed(extension, "spec.extProc.0.processingMode.response.body", "Stream"),
+            "Stream",
+        ),
+        (
+            "the namespace field of older releases",
+            _changed(
+                extension, "spec.extProc.0.metadataOptions", {"receivingNamespaces": {"untyped": ["x"]}}
+            ),
+            "unknown field 'metadataOptions'",
+        ),
+        (
+            "an Envoy filter's namespace",
+            _changed(
+                extension, "spec.extProc.0.metadata.writableNamespaces", ["envoy.filters.http.ext_proc"]
+            ),
+            "cannot contain well-known Envoy HTTP filter namespaces",
+        ),
+        (
+            "full duplex failing open",
+            _changed(
+                _changed(extension, "spec.extProc.0.failOpen", True),
+                "spec.extProc.0.processingMode.request.body",
+                "FullDuplexStreamed",
+            ),
+            "FailOpen must be false",
+        ),
+        (
+            "Lua inline and by reference",
+            _changed(extension, "spec.lua.0.inline", "x"),
+            "Exactly one of inline",
+        ),
+        ("Lua from a Secret", _changed(extension, "spec.lua.0.valueRef.kind", "Secret"), "kind ConfigMap"),
+        (
+            "an ALS sink without its settings",
+            _changed(proxy, f"{sink}.als", None),
+            "als field needs to be set",
+        ),
+        (
+            "an ALS sink with no backend",
+            _changed(proxy, f"{sink}.als.backendRefs", []),
+            "at least one backend",
+        ),
+        (
+            "a picker without a port",
+            _changed(proxy, f"{sink}.als.backendRefs.0.port", None),
+            "Must have port",
+        ),
+        (
+            "access logs misspelt",
+            _changed(proxy, "spec.telemetry.accessLogs", {}),
+            "unknown field 'accessLogs'",
+        ),
+        ("a merge type misspelt", _changed(proxy, "spec.mergeType", "Merge"), "Merge"),
+        ("a patch type misspelt", _changed(patch, "spec.type", "JSONPatches"), "JSONPatches"),
+        (
+            "a policy on a Service",
+            _changed(traffic, "spec.targetRefs.0.kind", "Service"),
+            "this policy can only have a targetRefs[*].kind",
+        ),
+    ]
+
+
+def test_envoy_gateway_s_crd_schemas_refuse_what_the_api_server_would() -> None:
+    accepted = []
+    for why, obj, message in _bad_envoy_gateway_objects():
+        problems = eg_problems([obj])
+        if not any(message in p for p in problems):
+            accepted.append((why, problems))
     assert accepted == []
 
 
@@ -1092,6 +1200,134 @@ def test_envoy_gateway_objects_point_at_the_pool_and_the_picker(overlay: str, po
         cluster["original_dst_lb_config"]["http_header_name"]
         == _pointsman_config(base).picker.destination_header
     )
+    proxy = envoy_gateway_usage_path(objects, extension, tls=True)
+    assert gateway["spec"]["infrastructure"]["parametersRef"] == {
+        "group": "gateway.envoyproxy.io",
+        "kind": "EnvoyProxy",
+        "name": proxy["metadata"]["name"],
+    }
+    assert proxy["metadata"]["namespace"] == gateway["metadata"]["namespace"]
+
+
+# Envoy Gateway names the access log's cluster accesslog_als_<setting>_<sink> by the ALS sink's place in
+# the EnvoyProxy (v1.9.0: internal/gatewayapi/listener.go, Translator.processAccessLog).
+ALS_CLUSTER = "accesslog_als_0_0"
+
+
+def envoy_gateway_usage_path(objects: Objects, extension: dict[str, Any], *, tls: bool) -> dict[str, Any]:
+    """Check that Envoy Gateway objects (the overlay's, the chart's) get the response's usage to the
+    picker as the standalone bootstraps do: ext_proc sees the response headers only and lets the picker
+    write pointsman.route, the Lua filter is deploy/envoy/usage.lua, and the EnvoyProxy's access log
+    streams to the ext_proc backend (over TLS when that is); return the EnvoyProxy."""
+    (ext_proc,) = extension["spec"]["extProc"]
+    assert ext_proc["processingMode"]["response"] == {}  # headers sent, no body
+    assert ext_proc["processingMode"].get("allowModeOverride") is not True
+    assert ROUTE_NAMESPACE in ext_proc["metadata"]["writableNamespaces"]
+    ((lua,),) = [extension["spec"]["lua"]]
+    assert (lua["type"], lua["valueRef"]["kind"]) == ("ValueRef", "ConfigMap")
+    assert _one(objects, "ConfigMap", lua["valueRef"]["name"])["data"] == {"lua": usage_lua()}
+    (proxy,) = _find(objects, "EnvoyProxy")
+    settings = proxy["spec"]["telemetry"]["accessLog"]["settings"]
+    als = settings[0]["sinks"][0]
+    assert als["type"] == "ALS"
+    assert (als["als"]["type"], als["als"]["logName"]) == ("HTTP", ACCESS_LOG_NAME)
+    assert als["als"]["backendRefs"] == ext_proc["backendRefs"]
+    # Any access log setting replaces Envoy Gateway's default stdout one: it is kept by hand.
+    sinks = [sink for setting in settings for sink in setting["sinks"]]
+    assert {"type": "File", "file": {"path": "/dev/stdout"}} in sinks
+    (patch_policy,) = _find(objects, "EnvoyPatchPolicy")
+    sockets = {
+        p["name"]: p["operation"]
+        for p in patch_policy["spec"]["jsonPatches"]
+        if p["type"].endswith("Cluster") and p["operation"]["path"] == "/transport_socket"
+    }
+    ext_proc_cluster = (
+        f"envoyextensionpolicy/{extension['metadata']['namespace']}/{extension['metadata']['name']}/extproc/0"
+    )
+    if tls:
+        assert sockets[ALS_CLUSTER] == sockets[ext_proc_cluster]
+    else:
+        assert sockets == {}
+    return proxy
+
+
+def _eg_lua_validation(code: str, *, content_type: str | None = None) -> None:
+    """Envoy Gateway's Strict Lua validation, as v1.9.0 runs it before accepting a policy's Lua
+    (internal/gatewayapi/luavalidator/lua_validator.go, LuaValidator.Validate and runLua): its mocks of
+    Envoy's Lua API, its security wrappers, then the code with each entry point it defines called on the
+    mock StreamHandle; ``print`` silenced. In Lua 5.1, gopher-lua's dialect. ``content_type``: the mock
+    headers' answer instead of theirs ("example_value"), to run a filter's body path too. Raises
+    lupa.lua51.LuaError where Envoy Gateway would refuse the policy."""
+    mocks = (EG_LUA_VALIDATOR / "mocks.lua").read_text(encoding="utf-8")
+    if content_type is not None:
+        theirs = 'function Headers:get(key)\n  return "example_value"\nend'
+        assert theirs in mocks
+        mocks = mocks.replace(theirs, f"function Headers:get(key)\n  return {json.dumps(content_type)}\nend")
+    entry_points = [name for name in ("envoy_on_request", "envoy_on_response") if name in code]
+    assert entry_points
+    for name in entry_points:
+        lua = lupa.lua51.LuaRuntime()
+        lua.execute(mocks)
+        lua.execute((EG_LUA_VALIDATOR / "security.lua").read_text(encoding="utf-8"))
+        lua.execute("print = function() end")
+        lua.execute(f"{code}\n{name}(StreamHandle)")
+
+
+@pytest.mark.parametrize("content_type", [None, "application/json", "text/event-stream"])
+def test_envoy_gateway_s_lua_validation_accepts_the_usage_filter(content_type: str | None) -> None:
+    _eg_lua_validation(usage_lua(), content_type=content_type)
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("function envoy_on_response(handle) handle:bodyChunk() end", "bodyChunk"),
+        ("function envoy_on_response(handle) io.open('/etc/passwd') end", "/etc"),
+        (
+            "function envoy_on_response(handle) handle:streamInfo():dynamicMetadata():set( end",
+            "unexpected symbol",
+        ),
+    ],
+)
+def test_envoy_gateway_s_lua_validation_refuses_what_it_would(code: str, message: str) -> None:
+    with pytest.raises(lupa.lua51.LuaError, match=message):
+        _eg_lua_validation(code)
+
+
+@pytest.mark.parametrize(
+    "bootstrap", ["base/picker-tls-proxy.yaml", "components/picker-mtls/picker-tls-proxy.yaml"]
+)
+def test_the_picker_s_tls_sidecar_passes_ext_proc_and_the_access_log(bootstrap: str) -> None:
+    # Both gRPC services the gateways call on the picker's port, with no route timeout (both streams
+    # last: a request's, an Envoy worker's batches of access log entries).
+    proxy = yaml.safe_load((K8S / bootstrap).read_text(encoding="utf-8"))
+    (listener,) = proxy["static_resources"]["listeners"]
+    ((hcm,),) = [chain["filters"] for chain in listener["filter_chains"]]
+    (cluster,) = proxy["static_resources"]["clusters"]
+    routes = [r for vh in hcm["typed_config"]["route_config"]["virtual_hosts"] for r in vh["routes"]]
+    for path in (PROCESS_PATH, ACCESS_LOG_PATH):
+        route = next(r for r in routes if path.startswith(r["match"]["prefix"]))
+        assert route["route"] == {"cluster": cluster["name"], "timeout": "0s"}, path
+
+
+@pytest.mark.parametrize(("copy", "source"), makefile_copies("K8S_FILES"), ids=lambda p: p.name)
+def test_each_kustomize_copy_is_its_source(copy: Path, source: Path) -> None:
+    assert file_tree(copy) == file_tree(source), f"run `make chart-files`: {copy} differs from {source}"
+
+
+def test_every_copy_of_the_lua_filter_is_deploy_envoy_s_and_the_makefile_s() -> None:
+    source = REPO / "deploy/envoy/usage.lua"
+    copies = {p for p in (REPO / "deploy").rglob("*.lua") if p != source}
+    listed = {
+        c
+        for c, s in [
+            *makefile_copies("K8S_FILES"),
+            *makefile_copies("CHART_FILES", REPO / "deploy/helm/pointsman"),
+        ]
+        if s == source
+    }
+    assert copies == listed
+    assert {p.read_bytes() for p in copies} == {source.read_bytes()}
 
 
 def test_the_grafana_dashboards_ship_as_a_config_map() -> None:
