@@ -143,18 +143,26 @@ def is_eg_kind(obj: dict[str, Any]) -> bool:
     return str(obj.get("apiVersion", "")).split("/")[0] == ENVOY_GATEWAY_GROUP
 
 
-def eg_problems(objects: list[dict[str, Any]]) -> list[str]:
-    """Why some Envoy Gateway object of ``objects`` would not apply with the pinned release's CRDs."""
-    schemas = eg_crd_schemas()
+def crd_problems(
+    objects: list[dict[str, Any]],
+    schemas: dict[tuple[str, str], dict[str, Any]],
+    kind: Callable[[dict[str, Any]], bool],
+) -> list[str]:
+    """Why some object of ``objects`` that ``kind`` picks would not apply with ``schemas``' CRDs."""
     problems = []
-    for obj in filter(is_eg_kind, objects):
+    for obj in filter(kind, objects):
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         schema = schemas.get((obj["apiVersion"], obj["kind"]))
         if schema is None:
-            problems.append(f"{where}: no CRD here for {obj['apiVersion']} {obj['kind']}")
+            problems.append(f"{where}: no matches for kind {obj['kind']!r} in version {obj['apiVersion']!r}")
         else:
             problems += [f"{where}: {problem}" for problem in custom_resource_problems(obj, schema)]
     return problems
+
+
+def eg_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """Why some Envoy Gateway object of ``objects`` would not apply with the pinned release's CRDs."""
+    return crd_problems(objects, eg_crd_schemas(), is_eg_kind)
 
 
 # --- the Makefile's copies -----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from deploy_kit import (
     EG_LUA_VALIDATOR,
     GIE_RELEASES,
     REPO,
-    custom_resource_problems,
+    crd_problems,
     eg_problems,
     file_tree,
     gie_crd_schemas,
@@ -183,16 +183,7 @@ def _picker_ref(pool: dict[str, Any]) -> tuple[str, int, str]:
 
 def _gie_problems(objects: Objects, release: str) -> list[str]:
     """Why some GIE object of ``objects`` would not apply with the release's CRDs installed."""
-    schemas = gie_crd_schemas(release)
-    problems = []
-    for obj in filter(is_gie_kind, objects):
-        where = f"{obj['kind']}/{obj['metadata']['name']}"
-        schema = schemas.get((obj["apiVersion"], obj["kind"]))
-        if schema is None:
-            problems.append(f"{where}: no matches for kind {obj['kind']!r} in version {obj['apiVersion']!r}")
-        else:
-            problems += [f"{where}: {problem}" for problem in custom_resource_problems(obj, schema)]
-    return problems
+    return crd_problems(objects, gie_crd_schemas(release), is_gie_kind)
 
 
 @pytest.mark.parametrize("target", TARGETS)
