@@ -88,8 +88,8 @@ bench: install ## only the in-process cost of one decision: schedule, director, 
 
 .PHONY: soak
 SOAK_MODE ?= steady
-SOAK_LOAD ?= 1.5,3
-soak: install ## not in CI: SOAK_MINUTES (10) at 80% of one picker's capacity through Envoy; RSS, tasks, streams, connections, errors (bench/results/soak.*). SOAK_MODE=overload: flow control on, SOAK_LOAD (1.5,3) times the slowed pods' capacity, SOAK_MINUTES (2) each (bench/results/soak-overload.*)
+SOAK_LOAD ?= 1.5,3,3
+soak: install ## not in CI: SOAK_MINUTES (10) at 80% of one picker's capacity through Envoy; RSS, tasks, streams, connections, errors (bench/results/soak.*). SOAK_MODE=overload: flow control on, SOAK_LOAD (1.5,3,3: 3x twice, its RSS judged against its first run) times the slowed pods' capacity (measured straight at the pods), SOAK_MINUTES (2) each (bench/results/soak-overload.*)
 ifeq ($(SOAK_MODE),overload)
 	$(BIN)/python bench/soak_overload.py --loads $(SOAK_LOAD) --minutes $(or $(SOAK_MINUTES),2) $(SOAK_ARGS)
 else

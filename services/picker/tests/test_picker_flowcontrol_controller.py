@@ -170,6 +170,69 @@ def test_a_held_request_the_profile_drops_at_dispatch_is_answered_with_429():
     assert answer.status == 429
 
 
+ADAPTER = b'{"model":"sql-lora","prompt":"hi"}'
+ADAPTER_TARGET = "sql-lora-1fdg2"
+
+
+def adapter_on_second(h: Harness, first: int, second: int) -> None:
+    """A snapshot where the second pod runs sql-lora's adapter (one slot): the #423 tree sends a
+    Critical sql-lora request there while it has fewer than 128 waiting."""
+    now = h.clock.now
+    pods = [
+        pod(first, address=PODS[0], updated_at=now),
+        pod(second, 0.1, 1, [ADAPTER_TARGET], address=PODS[1], updated_at=now),
+    ]
+    h.version += 1
+    h.source.set(snapshot(*pods, version=h.version, published_at=now))
+    h.clock.now += 0.001
+
+
+def test_a_pick_on_a_pod_without_room_waits_at_the_gateway_until_that_pod_has_room():
+    h = Harness()
+    adapter_on_second(h, 0, 2)  # the first pod has room, the adapter's has none
+    held = h.flow.route(ctx(ADAPTER, request_id="a"))
+    assert isinstance(held, Waiting)
+    assert held.reason == f"its pod {PODS[1]} has no room"
+    held.answer = lambda answer: h.answers.setdefault("a", []).append(answer)
+    assert h.flow.pump() == 0
+    adapter_on_second(h, 0, 1)
+    assert h.flow.pump() == 1
+    [routing] = h.answers["a"]
+    assert isinstance(routing, Routing)
+    assert routing.endpoint == PODS[1]
+
+
+def test_a_request_whose_pod_is_full_does_not_hold_those_behind_it():
+    h = Harness()
+    h.set_waiting(2, 2)
+    h.send("adapter", ADAPTER)
+    h.send("base")
+    h.send("adapter2", ADAPTER)
+    adapter_on_second(h, 0, 2)
+    assert h.flow.pump() == 1
+    assert h.dispatched() == ["base"]  # to the first pod; both sql-lora ones keep their places
+    assert h.answers["base"][0].endpoint == PODS[0]  # type: ignore[union-attr]
+    adapter_on_second(h, 0, 0)
+    h.flow.pump()
+    assert h.dispatched() == ["base", "adapter", "adapter2"]
+
+
+def test_a_pick_with_room_stands():
+    h = Harness()
+    h.source.set(
+        snapshot(
+            pod(0, address=PODS[0], updated_at=h.clock.now),
+            pod(1, 0.1, 1, [ADAPTER_TARGET], address=PODS[1], updated_at=h.clock.now),
+            version=99,
+            published_at=h.clock.now,
+        )
+    )
+    h.clock.now += 0.001
+    routing = h.flow.route(ctx(ADAPTER))
+    assert isinstance(routing, Routing)
+    assert routing.endpoint == PODS[1]  # its adapter's pod, which has room: the profile's pick
+
+
 @pytest.mark.parametrize(("body", "status"), [(SHEDDABLE, 429), (CRITICAL, 503)])
 def test_expiry(body, status):
     h = Harness(defaultRequestTTL="2s")

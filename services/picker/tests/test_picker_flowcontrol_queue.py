@@ -141,3 +141,37 @@ def test_ahead(items, priority, expected):
     q = queue()
     fill(q, *items)
     assert q.ahead(priority) is expected
+
+
+@pytest.mark.parametrize(
+    ("items", "limit", "expected"),
+    [
+        # each flow's first in turn, then each one's second: the order dispatch would take
+        ([("a1", 0, "a"), ("a2", 0, "a"), ("b1", 0, "b"), ("a3", 0, "a")], 10, ["a1", "b1", "a2", "a3"]),
+        ([("a1", 0, "a"), ("a2", 0, "a"), ("b1", 0, "b")], 2, ["a1", "b1"]),
+        # the highest band only: a lower one waits while a higher one waits
+        ([("low", -1, "a"), ("high", 0, "b"), ("high2", 0, "b")], 10, ["high", "high2"]),
+        ([], 10, []),
+    ],
+)
+def test_scan(items, limit, expected):
+    q = queue()
+    fill(q, *items)
+    assert [e.item for e in q.scan(limit)] == expected
+
+
+def test_take_from_behind_the_head_keeps_the_rest_in_order_and_the_flow_takes_its_turn():
+    q = queue()
+    fill(q, ("a1", 0, "a"), ("a2", 0, "a"), ("a3", 0, "a"), ("b1", 0, "b"))
+    a2 = q.scan(10)[2]
+    assert a2.item == "a2"
+    q.take(a2)
+    assert (len(q), q.bytes) == (3, 30)
+    assert order(q) == ["b1", "a1", "a3"]  # flow a was served: b goes first
+
+
+def test_taking_the_last_entry_empties_the_queue():
+    q = queue()
+    fill(q, ("a1", 0, "a"))
+    q.take(q.scan(1)[0])
+    assert (len(q), q.head(), q.ahead(0)) == (0, None, False)

@@ -22,14 +22,15 @@ from pointsman_picker import errors
 from pointsman_picker.context import RequestContext, Resolved
 from pointsman_picker.director import Candidates, Director
 from pointsman_picker.flowcontrol.queue import Bounds, Entry, FlowQueue, Full
-from pointsman_picker.flowcontrol.saturation import Thresholds, saturated, saturation
+from pointsman_picker.flowcontrol.saturation import Thresholds, room, saturated, saturation
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.assignments import RecentAssignments
-from pointsman_picker.scheduling.types import Pods
+from pointsman_picker.scheduling.types import Drop, Pods
 from pointsman_shared.config import FlowControlConfig, PointsmanConfig, PriorityBand
 
 DEFAULT_FLOW = "default-flow"  # upstream's flow for a request without a fairness id
 _MAX_FLOW_ID = 128
+SCAN = 32  # waiting requests a dispatch round looks at past those whose pod has no room
 
 Answer = Callable[["Routing | errors.PickerError"], None]
 
@@ -151,7 +152,10 @@ class FlowController:
         elif self._saturated(candidates, resolved.priority):
             reason = "pool saturated"
         else:
-            return self._placed(director.place(resolved, candidates))  # NoCapacity: dropped, as without
+            placed = self._place(resolved, candidates)  # NoCapacity: dropped, as without
+            if isinstance(placed, Routing):
+                return placed
+            reason = f"its pod {placed} has no room"
         now = candidates.now
         flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
         priority = resolved.priority
@@ -170,7 +174,10 @@ class FlowController:
         return waiting
 
     def pump(self) -> int:
-        """Answer what expired, then dispatch while the pool has room; how many were answered."""
+        """Answer what expired, then dispatch while the pool has room; how many were answered. A
+        request whose pick has no room keeps its place, and those behind it (up to ``SCAN`` of its
+        band) may go first, as vLLM skips a request whose adapter has no slot: one full pod does not
+        hold the queue while the others idle."""
         queue = self._queue
         if not queue:
             return 0
@@ -180,25 +187,37 @@ class FlowController:
             answered += 1
             self._expire(overdue, now)
         director = self._director
-        while (entry := queue.head()) is not None:
-            waiting = entry.item
-            resolved = waiting.resolved
-            try:
-                candidates = director.candidates(resolved)
-            except errors.PickerError as exc:
-                queue.pop()
+        blocked: set[str | None] = set()  # targets whose pick had no room: the same pod, this round
+        moved = True
+        while moved:
+            moved = False
+            for entry in queue.scan(SCAN):
+                resolved = entry.item.resolved
+                if resolved.target in blocked:
+                    continue
+                try:
+                    candidates = director.candidates(resolved)
+                except errors.PickerError as exc:
+                    queue.take(entry)
+                    answered += 1
+                    self._answer(entry, exc, REJECTED_OTHER, now)
+                    moved = True
+                    break
+                if candidates.fallback is None and self._saturated(candidates, entry.priority):
+                    return answered
+                try:
+                    placed: Routing | str | errors.PickerError = self._place(resolved, candidates)
+                except errors.PickerError as exc:  # NoCapacity among them: the profile drops it now
+                    placed = exc
+                if isinstance(placed, str):
+                    blocked.add(resolved.target)
+                    continue
+                queue.take(entry)
                 answered += 1
-                self._answer(entry, exc, REJECTED_OTHER, now)
-                continue
-            if candidates.fallback is None and self._saturated(candidates, entry.priority):
-                break
-            try:
-                routing: Routing | errors.PickerError = self._placed(director.place(resolved, candidates))
-            except errors.PickerError as exc:  # NoCapacity among them: the profile drops it now
-                routing = exc
-            queue.pop()
-            answered += 1
-            self._answer(entry, routing, DISPATCHED if isinstance(routing, Routing) else REJECTED_OTHER, now)
+                outcome = DISPATCHED if isinstance(placed, Routing) else REJECTED_OTHER
+                self._answer(entry, placed, outcome, now)
+                moved = True
+                break  # again from the new order: the flow served went behind the others
         return answered
 
     def next_deadline(self) -> float | None:
@@ -237,6 +256,25 @@ class FlowController:
             return 0.0
         pods = self._loaded(self._director.usable(snapshot, self._clock()))
         return saturation(pods, self._thresholds, self._peer_counts())
+
+    def _place(self, resolved: Resolved, candidates: Candidates) -> Routing | str:
+        """The profile's pick committed, or, when the pod it picks has no room for the band (its queue
+        or KV cache at the detector's thresholds, assignments counted), that pod's address: the
+        request waits here instead. The detector says only that some pod has room; the profile may
+        pick another by affinity, and in that pod's queue a request could not move (Critical requests
+        waited seconds there for an adapter slot while other pods idled)."""
+        director = self._director
+        if candidates.fallback is not None:
+            return self._placed(director.place(resolved, candidates))
+        decision = director.schedule(resolved, candidates)
+        picked = decision.outcome
+        if not isinstance(picked, Drop):
+            address = picked.address
+            pod = self._loaded(candidates)[candidates.positions[address]]
+            thresholds = self._band_thresholds.get(resolved.priority, self._thresholds)
+            if not room(pod, thresholds, self._peer_counts().get(address, 0)):
+                return address
+        return self._placed(director.commit(resolved, candidates, decision))
 
     def _placed(self, routing: Routing) -> Routing:
         if routing.ticket is not None:

@@ -133,6 +133,36 @@ class FlowQueue(Generic[T]):
         self._forget(entry)
         return entry
 
+    def scan(self, limit: int) -> list[Entry[T]]:
+        """Up to ``limit`` live entries of the highest band, in dispatch order: the first of each flow
+        in turn, then the second of each, and so on."""
+        for priority in self._order:
+            band = self._bands[priority]
+            flows = [[e for e in queue if e.live] for queue in band.flows.values()]
+            out: list[Entry[T]] = []
+            for depth in range(max(map(len, flows), default=0)):
+                out += [flow[depth] for flow in flows if depth < len(flow)]
+                if len(out) >= limit:
+                    return out[:limit]
+            if out:
+                return out
+        return []
+
+    def take(self, entry: Entry[T]) -> None:
+        """Remove live ``entry`` to dispatch it, wherever it is in its flow; the flow takes its turn
+        (moves behind the band's others)."""
+        band = self._bands[entry.priority]
+        queue = band.flows[entry.flow]
+        self._forget(entry)
+        if entry.priority not in self._bands:
+            return  # the band emptied, its flows with it
+        while queue and not queue[0].live:
+            queue.popleft()
+        if queue:
+            band.flows.move_to_end(entry.flow)
+        else:
+            del band.flows[entry.flow]
+
     def remove(self, entry: Entry[T]) -> bool:
         """Take ``entry`` out (its client went away); ``False`` when it no longer waits."""
         if not entry.live:

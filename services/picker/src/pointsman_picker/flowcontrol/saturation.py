@@ -9,7 +9,8 @@ second is the one that tracks load in a mix where requests wait for a LoRA slot:
 count there says which adapters are short of slots, not how busy the pool is, and the adapters' own
 pods differ (one pod may idle while the others run hundreds), so "some pod has room" stays true
 however loaded the pool is. A request dispatched counts as waiting at once (the assignments), so one
-freed slot lets one request through, not the whole queue.
+freed slot lets one request through, not the whole queue. The controller asks :func:`room` of the
+pod the profile picks too: a pod without room is handed no request while another has room.
 """
 
 from __future__ import annotations
