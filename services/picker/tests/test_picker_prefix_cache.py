@@ -4,13 +4,20 @@ auto-tuned from the pods, announced to and learnt from other pickers, pods that 
 from __future__ import annotations
 
 import dataclasses
+from math import exp
 
 import pytest
 from picker_builders import pod, pool_pods
 
 from pointsman_picker.scheduling import CycleState, SchedulingRequest, Ticket
 from pointsman_picker.scheduling.assignments import POSITIONS
-from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH, Announcement, PrefixCacheProducer
+from pointsman_picker.scheduling.prefix_cache import (
+    PREFIX_MATCH,
+    PREFIX_TRAFFIC,
+    Announcement,
+    FirstBlockTraffic,
+    PrefixCacheProducer,
+)
 from pointsman_picker.scheduling.prefix_index import block_hashes
 from pointsman_picker.scheduling.scorers import PrefixCacheScorer
 
@@ -73,6 +80,32 @@ def test_prepare_hashes_once_and_picked_records_the_chosen_pod():
     plugin.picked(Ticket(1, C, 0.0), req, state)
     assert prepared(plugin, req)[PREFIX_MATCH].matched == {C: len(match.hashes)}
     assert plugin.note(prepared(plugin, req)) == f"prefix {len(match.hashes)}/{len(match.hashes)}"
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "share"),
+    [
+        ([(1, 0.0)], 1.0),  # the first request: all the traffic so far
+        ([(1, 0.0), (2, 0.0)], 0.5),
+        ([(2, 0.0), (2, 0.0), (2, 0.0), (1, 0.0)], 0.25),
+        ([(1, 0.0), (2, 10.0), (1, 10.0)], (1 + exp(-1)) / (2 + exp(-1))),  # 10 s on: 1/e of the first
+        ([(1, 0.0), *[(2, 0.0)] * 8, (1, 100.0)], (1 + exp(-10)) / (1 + 9 * exp(-10))),  # all decayed
+        ([(1, 0.0), (2, 0.0), (3, 0.0), (1, 0.0)], 0.25),  # block 1 forgotten (limit 2): counts anew
+        ([(1, 5.0), (2, 0.0)], 0.5),  # a time before the last: no decay, none undone
+    ],
+)
+def test_first_block_traffic_is_the_decayed_share_of_requests(arrivals, share):
+    traffic = FirstBlockTraffic(tau=10.0, limit=2)
+    got = [traffic.add(first, now) for first, now in arrivals][-1]
+    assert got == pytest.approx(share, rel=1e-6)
+
+
+def test_prepare_writes_the_prefix_traffic_in_pods_shares():
+    plugin = PrefixCacheProducer(auto_tune=False)
+    assert prepared(plugin, request(SYSTEM + Q1))[PREFIX_TRAFFIC] == 3.0  # all of it, 3 pods' shares
+    assert prepared(plugin, request(Q1 + SYSTEM))[PREFIX_TRAFFIC] == pytest.approx(1.5)
+    assert prepared(plugin, request(SYSTEM + Q2))[PREFIX_TRAFFIC] == pytest.approx(2.0)  # 2 of 3
+    assert PREFIX_TRAFFIC not in prepared(plugin, request("short"))  # no block: nothing to share
 
 
 def test_auto_tune_takes_the_block_size_and_capacity_from_the_pods():

@@ -16,7 +16,7 @@ from pointsman_picker.scheduling import CycleState, SchedulingRequest, Ticket
 from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.filters import LeastWorkWithPrefix, PrefixCacheAffinity
-from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH, PrefixCacheProducer
+from pointsman_picker.scheduling.prefix_cache import PREFIX_MATCH, PREFIX_TRAFFIC, PrefixCacheProducer
 from pointsman_picker.scheduling.profiles import Profile, build_profile
 from pointsman_picker.scheduling.registry import PluginError
 from pointsman_shared import upstream
@@ -240,6 +240,31 @@ def test_least_work_with_prefix_gives_a_replicated_prompt_to_an_idle_pod(
     state[PROMPT_TOKENS] = 1000
     state[PENDING_PREFILL] = {"c": c_pending}
     filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5, 1.0, 2.0, idle_first)
+    assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
+
+
+@pytest.mark.parametrize(
+    ("matched", "traffic", "cold", "kept"),
+    [
+        # 10 blocks of 100 tokens at 0.0345 ms; b holds 2 alone (6.9 ms; 13.8 at sole weight 2, 69 at
+        # 10) behind 1,500 pending tokens (51.75 ms)
+        ({"b": 2}, None, 10.0, ["a", "c"]),  # no traffic known: hot, the sole weight
+        ({"b": 2}, 1.5, 10.0, ["a", "c"]),  # hot: its requests need more than one pod
+        ({"b": 2}, 0.5, 1.0, ["a", "c"]),  # cold, no cold weight
+        ({"b": 2}, 0.5, 10.0, ["b"]),  # cold: the 2 blocks count 10 times
+        ({"b": 2}, 0.5, 1.5, ["a", "c"]),  # a cold weight below the sole weight: the sole weight
+        ({"a": 2, "b": 2}, 0.5, 10.0, ["a"]),  # held by two: copies exist, the held weight
+    ],
+)
+def test_least_work_with_prefix_keeps_a_cold_prefix_on_its_one_pod(matched, traffic, cold, kept):
+    pods = (pod(address="a"), pod(address="b"), pod(address="c"))
+    state = CycleState()
+    state[PREFIX_MATCH] = (tuple(range(10)), matched, pods)
+    if traffic is not None:
+        state[PREFIX_TRAFFIC] = traffic
+    state[PROMPT_TOKENS] = 1000
+    state[PENDING_PREFILL] = {"b": 1500.0}
+    filter_ = LeastWorkWithPrefix(0.0345, 0.04, 0.0, 0.0, 3.5, 1.0, 2.0, False, cold)
     assert [p.address for p in filter_(SchedulingRequest("m", True), pods, state, random.Random(0))] == kept
 
 

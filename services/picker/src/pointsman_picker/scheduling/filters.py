@@ -17,7 +17,7 @@ from pointsman_picker.scheduling.assignments import POSITIONS
 from pointsman_picker.scheduling.backlog import PENDING_PREFILL, PROMPT_TOKENS
 from pointsman_picker.scheduling.contracts import Filter
 from pointsman_picker.scheduling.indexed import facts_of
-from pointsman_picker.scheduling.prefix_cache import NO_MATCH, PREFIX_MATCH
+from pointsman_picker.scheduling.prefix_cache import NO_MATCH, PREFIX_MATCH, PREFIX_TRAFFIC
 from pointsman_picker.scheduling.recent_targets import RECENT_TARGETS
 from pointsman_picker.scheduling.types import CycleState, Pods, SchedulingRequest
 from pointsman_shared.snapshot import PodSnapshot
@@ -324,10 +324,20 @@ class LeastWorkWithPrefix(Filter):
     is one. The costs see only this request: a pod lacking a prompt that the others hold loses every
     new conversation by the prefill the prompt saves (512 tokens: 18 ms) until every other pod carries
     that much more load, and the conversations' later turns follow them, so at moderate load a pod of
-    eight stayed idle for most of a minute (bench/results/prefix-gap-2026-12-03.md)."""
+    eight stayed idle for most of a minute (bench/results/prefix-gap-2026-12-03.md).
+
+    ``cold_weight`` (when above ``sole_weight``) scales instead the blocks one pod holds alone when the
+    prefix is cold: the recent requests beginning with the prompt's first block fit one pod
+    (``PREFIX_TRAFFIC`` below 1: a prompt group's system prompt, not one that all the traffic shares).
+    A short prefix saves little of a long prompt's prefill (256 of 2,304 tokens: 9 ms), so the sole
+    weight alone lets each of its group's requests go to whichever pod is a few milliseconds less busy;
+    its copies on several pods then each see the group too rarely to outlast the cache's eviction, and
+    the group misses its prefix on most of them. A hot prefix needs several pods anyway: weighed so, it
+    would keep every new conversation on the first pod to hold their system prompt (multi-turn at 0.3
+    load with a sole weight of 12: p99 TTFT 35 ms -> 6.5 s)."""
 
     type_name: ClassVar[str] = "least-work-prefix-filter"
-    consumes = (PENDING_PREFILL, PROMPT_TOKENS, PREFIX_MATCH)
+    consumes = (PENDING_PREFILL, PROMPT_TOKENS, PREFIX_MATCH, PREFIX_TRAFFIC)
     per_pending_token: float
     per_running: float
     per_kv_cache: float
@@ -336,6 +346,7 @@ class LeastWorkWithPrefix(Filter):
     held_weight: float = 1.0
     sole_weight: float = 1.0
     idle_first: bool = False
+    cold_weight: float = 1.0
 
     def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         if len(pods) < 2:
@@ -343,6 +354,7 @@ class LeastWorkWithPrefix(Filter):
         pending = state.read(PENDING_PREFILL, NO_PENDING)
         # No match written (a profile run without its request plugins): nothing is held, as LeastWork.
         hashes, matched, _ = state.read(PREFIX_MATCH, NO_MATCH)
+        sole = max(self.sole_weight, self.cold_weight) > self.held_weight
         prompt = state.read(PROMPT_TOKENS, 0)
         per_pending_token, per_running = self.per_pending_token, self.per_running
         per_kv_cache, per_waiting = self.per_kv_cache, self.per_waiting
@@ -351,11 +363,15 @@ class LeastWorkWithPrefix(Filter):
         per_block = own / len(hashes) if hashes else 0.0
         held = [matched.get(pod.address, 0) for pod in pods]
         saved = [per_block * self.held_weight * n for n in held]
-        if (self.sole_weight > self.held_weight or self.idle_first) and any(held):
+        if (sole or self.idle_first) and any(held):
             top = max(range(len(held)), key=held.__getitem__)
             alone = held[top] - max(n for i, n in enumerate(held) if i != top)
-            if alone and self.sole_weight > self.held_weight:
-                saved[top] += per_block * (self.sole_weight - self.held_weight) * alone
+            if alone and sole:
+                weight = max(self.sole_weight, self.held_weight)
+                # No traffic written (a profile run without its request plugins): hot.
+                if self.cold_weight > weight and state.read(PREFIX_TRAFFIC, 1.0) < 1.0:
+                    weight = self.cold_weight
+                saved[top] += per_block * (weight - self.held_weight) * alone
             if not alone and self.idle_first:
                 idle = [not (pod.running or pod.waiting or pending.get(pod.address, 0.0)) for pod in pods]
                 if any(idle):

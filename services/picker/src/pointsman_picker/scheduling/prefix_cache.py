@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from math import exp
 from typing import ClassVar, NamedTuple
 
 from pointsman_picker.scheduling.assignments import POSITIONS
@@ -39,6 +40,10 @@ class PrefixMatch(NamedTuple):
 
 PREFIX_MATCH: DataKey[PrefixMatch] = DataKey("prefix match")
 NO_MATCH = PrefixMatch((), {}, ())
+# The recent requests that began with this request's first block, in pods' shares of the traffic (their
+# share times the pods prepared): below 1, the requests sharing its prefix fit on one pod (a prompt
+# group's system prompt); above, they need several (a system prompt every conversation starts with).
+PREFIX_TRAFFIC: DataKey[float] = DataKey("prefix traffic")
 
 
 class Announcement(NamedTuple):
@@ -58,7 +63,7 @@ DEFAULT_CAPACITY = 31_250
 
 class PrefixCacheProducer(RequestPlugin):
     type_name: ClassVar[str] = "approx-prefix-cache-producer"
-    produces = (PREFIX_MATCH,)
+    produces = (PREFIX_MATCH, PREFIX_TRAFFIC)
     consumes = (POSITIONS,)
 
     def __init__(
@@ -96,6 +101,7 @@ class PrefixCacheProducer(RequestPlugin):
         self._purge_every = purge_every
         self._purged = float("-inf")
         self._absent: set[str] = set()
+        self.traffic = FirstBlockTraffic()
 
     def block_chars(self, pods: Pods) -> int:
         """The block in characters: the pods' block size when auto-tuned and known (all pods of a pool
@@ -123,6 +129,8 @@ class PrefixCacheProducer(RequestPlugin):
             blocks,
         )
         state[PREFIX_MATCH] = PrefixMatch(hashes, self.index.match(hashes), pods) if hashes else NO_MATCH
+        if hashes:
+            state[PREFIX_TRAFFIC] = self.traffic.add(hashes[0], now) * len(pods)
         return pods
 
     def picked(self, ticket: Ticket, request: SchedulingRequest, state: CycleState) -> None:
@@ -194,3 +202,33 @@ class PrefixCacheProducer(RequestPlugin):
         for pod in gone & self._absent:
             self.index.remove(pod)
         self._absent = gone - self._absent
+
+
+class FirstBlockTraffic:
+    """How much of the recent traffic began with a given first block: counts that decay by ``e`` every
+    ``tau`` seconds, for every request and per first-block hash (at most ``limit`` of them, the least
+    recently seen forgotten first). A first block's hash names the model, the salt and the prompt's
+    first block, so prompts sharing it share a prefix. Memory: ``limit`` entries of a dict (an int and
+    a tuple of two floats, ~150 bytes), 600 KB at the default."""
+
+    def __init__(self, tau: float = 10.0, limit: int = 4096) -> None:
+        self._tau = tau
+        self._limit = limit
+        self._total = 0.0
+        self._at = float("-inf")
+        self._counts: dict[int, tuple[float, float]] = {}  # first block -> (count, as of)
+
+    def add(self, first: int, now: float) -> float:
+        """Count a request beginning with ``first`` at ``now``; the share of the recent requests (this
+        one included) that began so."""
+        self._total = self._total * self._decay(now, self._at) + 1.0
+        self._at = max(self._at, now)
+        count, at = self._counts.pop(first, (0.0, now))
+        count = count * self._decay(now, at) + 1.0
+        self._counts[first] = (count, max(at, now))
+        if len(self._counts) > self._limit:
+            del self._counts[next(iter(self._counts))]
+        return min(1.0, count / self._total)
+
+    def _decay(self, now: float, at: float) -> float:
+        return exp(-(now - at) / self._tau) if now > at else 1.0

@@ -102,7 +102,11 @@ def _least_work_prefix(p: Mapping[str, Any]) -> LeastWorkWithPrefix:
     if not isinstance(p["idlePodFirst"], bool):
         raise ValueError(f"idlePodFirst must be true or false, not {p['idlePodFirst']!r}")
     return LeastWorkWithPrefix(
-        *_work(p), float(p["heldPrefixWeight"]), float(p["soleHolderWeight"]), p["idlePodFirst"]
+        *_work(p),
+        float(p["heldPrefixWeight"]),
+        float(p["soleHolderWeight"]),
+        p["idlePodFirst"],
+        float(p["coldPrefixWeight"]),
     )
 
 
@@ -124,7 +128,13 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
         LeastKvCache.type_name: ({}, lambda p: LeastKvCache()),
         LeastWork.type_name: (dict(WORK_PARAMETERS), lambda p: LeastWork(*_work(p))),
         LeastWorkWithPrefix.type_name: (
-            {**WORK_PARAMETERS, "heldPrefixWeight": 1.0, "soleHolderWeight": 1.0, "idlePodFirst": False},
+            {
+                **WORK_PARAMETERS,
+                "heldPrefixWeight": 1.0,
+                "soleHolderWeight": 1.0,
+                "idlePodFirst": False,
+                "coldPrefixWeight": 1.0,
+            },
             _least_work_prefix,
         ),
         LoraSpreadAffinity.type_name: (
