@@ -12,3 +12,10 @@ def test_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
     for port in ports[:5]:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_a_promised_port_is_never_handed_out() -> None:
+    first = free_port()
+    # The sweep moves on, so promise the next ports and check none comes back.
+    promised = set(range(first + 1, first + 40))
+    assert not promised & {free_port(promised) for _ in range(20)}

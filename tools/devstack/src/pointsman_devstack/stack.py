@@ -404,7 +404,8 @@ class Stack:
 
     def _start_all(self) -> None:
         env = dict(self.options.environ)
-        self.redis = start_redis(env, allow_docker=self.options.allow_docker)
+        promised = {port for _, port in self.ports.table()}  # not bound yet: Redis must not take one
+        self.redis = start_redis(env, allow_docker=self.options.allow_docker, avoid=promised)
         self._write_pids()
         # The services prefer REDIS_URL over the config file; point it at this stack's Redis.
         env["REDIS_URL"] = self.redis.url
