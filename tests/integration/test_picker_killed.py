@@ -159,8 +159,9 @@ def kill_under_load(gateway: Gateway, victim: Picker, *, kill_after_start: float
     thread.start()
     try:
         time.sleep(max(BEFORE_KILL, victim.started + kill_after_start - t0))
-        victim.process.stop(0)  # SIGKILL at once: no drain, its connections break
+        # Read the clock first: a request may fail before stop() has reaped the picker.
         run.kill, run.age = time.monotonic() - t0, time.monotonic() - victim.started
+        victim.process.stop(0)  # SIGKILL at once: no drain, its connections break
         time.sleep(AFTER_KILL)
     finally:
         stop.set()
@@ -183,6 +184,12 @@ def started() -> Iterator[list[ManagedProcess]]:
     for process in reversed(processes):
         process.stop(2.0)
 
+
+# BUFFERED: the picker answers the headers at once and the body a moment later; a request in between
+# when its picker dies cannot be replayed (its stream was answered) and goes unrouted (503 `no healthy
+# upstream`). That window is well under a millisecond a request, so at 50 req/s most runs lose none;
+# one in six lost one (docs/reliability.md). The bound: that few, all open at the kill, none after it.
+BUFFERED_WINDOW_LOSSES = 2
 
 CASES = {
     # The default with responses shown to the picker. Killed 1.5 s after it started, as in the report
@@ -216,7 +223,13 @@ def test_no_request_is_lost_when_a_picker_dies(
     with capsys.disabled():
         print(f"\n{run.figures(f'{case} ({gateway.options.body_mode})', gateway.retried())}")
     assert run.in_flight >= 5, "too few requests in flight at the kill to show anything"
-    assert run.lost == []
+    if case != "buffered":
+        assert run.lost == []  # every stream open on the dead picker was unanswered: replayed
+        return
+    assert len(run.lost) <= BUFFERED_WINDOW_LOSSES, run.lost
+    for lost in run.lost:
+        assert lost.started <= run.kill <= lost.ended, lost
+        assert "no_healthy_upstream" in lost.what, lost
 
 
 def test_full_duplex_with_responses_loses_only_what_its_picker_had_routed(
