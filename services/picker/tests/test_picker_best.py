@@ -205,6 +205,21 @@ def test_the_best_profile_is_told_how_many_adapters_compete():
             "plugins[0].parameters.spreadMargin",
             "negative",
         ),
+        (
+            {"type": "lora-spread-affinity-filter", "parameters": {"heldSpreadRatio": "high"}},
+            "plugins[0].parameters",
+            "heldSpreadRatio must be a non-negative number",
+        ),
+        (
+            {"type": "lora-spread-affinity-filter", "parameters": {"heldSpreadRatio": -0.5}},
+            "plugins[0].parameters",
+            "heldSpreadRatio must be a non-negative number",
+        ),
+        (
+            {"type": "lora-spread-affinity-filter", "parameters": {"heldSpreadMargin": -1}},
+            "plugins[0].parameters.heldSpreadMargin",
+            "negative",
+        ),
     ],
 )
 def test_mistakes_name_their_path(plugin, path, message):

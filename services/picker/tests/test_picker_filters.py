@@ -464,3 +464,46 @@ def test_lora_spread_affinity_band_keeps_the_pods_holding_more_of_the_prompt(nam
     given = state() if matched is None else state(prefix=PrefixMatch((1, 2, 3, 4), matched, ()))
     kept = LoraSpreadAffinity(1.0, 0.1, 8.0)(request(), pods, given, random.Random(0))
     assert addresses(kept) == expected, name
+
+
+@pytest.mark.parametrize(
+    ("name", "held_ratio", "matched", "expected"),
+    [
+        # near carries 150, the mean is 125: past 125 * 1.1 + 8 = 145.5, short of 125 * 1.5 + 8 = 195.5
+        ("no held ratio: spreads as ever", None, {"near": 4}, ["free"]),
+        ("the adapter's pod holds the prompt: the held bound, not passed", 0.5, {"near": 4}, ["near"]),
+        ("it holds half of it: held", 0.5, {"near": 2}, ["near"]),
+        ("it holds less than half: the usual bound", 0.5, {"near": 1}, ["free"]),
+        ("only the free pod holds it: the usual bound", 0.5, {"free": 4}, ["free"]),
+        ("no prefix index: the usual bound", 0.5, None, ["free"]),
+        ("the held bound passed too: spreads", 0.1, {"near": 4}, ["free"]),
+    ],
+)
+def test_lora_spread_affinity_spreads_a_held_prompt_later(name, held_ratio, matched, expected):
+    pods = (
+        busy(0, 150, max_lora=2, adapters={"x"}, address="near"),
+        busy(0, 100, max_lora=2, address="free"),
+    )
+    given = state() if matched is None else state(prefix=PrefixMatch((1, 2, 3, 4), matched, ()))
+    fn = LoraSpreadAffinity(1.0, 0.1, 8.0, 0.75, held_ratio, 8.0)
+    assert addresses(fn(request(), pods, given, random.Random(0))) == expected, name
+
+
+@pytest.mark.parametrize(
+    ("name", "held_ratio", "matched", "near_share"),
+    [
+        ("no held ratio: the draw sends a tenth to the free slot", None, {"near": 4}, (0.85, 0.95)),
+        ("a held prompt is never sent off by the draw", 0.5, {"near": 4}, (1.0, 1.0)),
+        ("a prompt not held: the draw as ever", 0.5, {"near": 1}, (0.85, 0.95)),
+    ],
+)
+def test_lora_spread_affinity_keeps_a_held_prompt_from_the_soft_threshold(
+    name, held_ratio, matched, near_share
+):
+    pods = (busy(max_lora=2, adapters={"x"}, address="near"), busy(max_lora=2, address="free"))
+    fn = LoraSpreadAffinity(0.9, 0.1, 8.0, 0.75, held_ratio, 8.0)
+    given = state(prefix=PrefixMatch((1, 2, 3, 4), matched, ()))
+    rng = random.Random(3)
+    picks = [addresses(fn(request(), pods, given, rng)) for _ in range(2000)]
+    low, high = near_share
+    assert low <= picks.count(["near"]) / len(picks) <= high, name

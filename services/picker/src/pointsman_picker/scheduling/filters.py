@@ -128,7 +128,13 @@ class LoraSpreadAffinity(Filter):
       slot instead, so a hot adapter gets another pod before its own pods queue. No spreading while any
       pod has an adapter waiting without running (it waits for a slot, and a spread adapter would take
       one more), nor while the adapters routed lately (``RECENT_TARGETS``) need more than
-      ``max_adapter_share`` of the pods' slots, one each (adapters are many).
+      ``max_adapter_share`` of the pods' slots, one each (adapters are many);
+    - when ``held_spread_ratio`` is set and one of the target's pods holds at least half of the
+      prompt's blocks (``PREFIX_MATCH``), the request spreads only past ``mean * (1 +
+      held_spread_ratio) + held_spread_margin``, and never by the ``threshold`` draw: on a free slot it
+      would miss the prefix its adapter's pods hold and start one more copy of it there, which the
+      adapter's later requests rarely follow (least work keeps each question on the pod holding it):
+      the copy costs a whole prefill and moves little load. Prompts no pod holds spread as before.
     """
 
     type_name: ClassVar[str] = "lora-spread-affinity-filter"
@@ -139,6 +145,8 @@ class LoraSpreadAffinity(Filter):
     spread_ratio: float
     spread_margin: float
     max_adapter_share: float = 0.75
+    held_spread_ratio: float | None = None
+    held_spread_margin: float = 8.0
 
     def __call__(self, request: SchedulingRequest, pods: Pods, state: CycleState, rng: random.Random) -> Pods:
         facts = facts_of(pods)
@@ -174,15 +182,27 @@ class LoraSpreadAffinity(Filter):
             # least loaded one stays, for least work to weigh the prefill it saves.
             near = self._within_band(pods, near, state)
         if near and free:
+            ratio, margin, explore = self.spread_ratio, self.spread_margin, True
+            if self.held_spread_ratio is not None and self._holds_prompt(pods, near, state):
+                ratio, margin, explore = self.held_spread_ratio, self.held_spread_margin, False
             mean = facts.total_load(pods) / len(pods)
-            busy = facts.least_load(pods, near) > mean * (1.0 + self.spread_ratio) + self.spread_margin
+            busy = facts.least_load(pods, near) > mean * (1.0 + ratio) + margin
             if busy and many:
                 busy = False  # the slots are wanted by adapters that have none
             if busy and not facts.starved(pods):
                 return facts.take(pods, free)
-            if rng.random() >= self.threshold:
+            if explore and rng.random() >= self.threshold:
                 near = free
         return facts.take(pods, near or free or held)
+
+    @staticmethod
+    def _holds_prompt(pods: Pods, near: Sequence[int], state: CycleState) -> bool:
+        """Whether one of the pods at ``near`` holds at least half of the prompt's blocks."""
+        hashes, matched, _ = state.read(PREFIX_MATCH, NO_MATCH)
+        if not matched:
+            return False
+        least = len(hashes) / 2
+        return any(matched.get(pods[i].address, 0) >= least for i in near)
 
     def _within_band(self, pods: Pods, near: Sequence[int], state: CycleState) -> list[int]:
         loads = [pods[i].running + pods[i].waiting for i in near]

@@ -110,6 +110,20 @@ def _least_work_prefix(p: Mapping[str, Any]) -> LeastWorkWithPrefix:
     )
 
 
+def _lora_spread(p: Mapping[str, Any]) -> LoraSpreadAffinity:
+    held = p["heldSpreadRatio"]  # unset (None): a held prompt spreads as any other
+    if held is not None and (isinstance(held, bool) or not isinstance(held, (int, float)) or held < 0):
+        raise ValueError(f"heldSpreadRatio must be a non-negative number, not {held!r}")
+    return LoraSpreadAffinity(
+        float(p["threshold"]),
+        float(p["spreadRatio"]),
+        float(p["spreadMargin"]),
+        float(p["maxAdapterShare"]),
+        None if held is None else float(held),
+        float(p["heldSpreadMargin"]),
+    )
+
+
 def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
     return {
         CriticalRequest.type_name: ({}, lambda p: CriticalRequest()),
@@ -143,13 +157,10 @@ def filter_types(config: SchedulingConfig) -> PluginTypes[Filter]:
                 "spreadRatio": 0.1,
                 "spreadMargin": 8.0,
                 "maxAdapterShare": 0.75,
+                "heldSpreadRatio": None,
+                "heldSpreadMargin": 8.0,
             },
-            lambda p: LoraSpreadAffinity(
-                float(p["threshold"]),
-                float(p["spreadRatio"]),
-                float(p["spreadMargin"]),
-                float(p["maxAdapterShare"]),
-            ),
+            _lora_spread,
         ),
         LoraSoftAffinity.type_name: (
             {"threshold": config.lora_affinity_threshold},
