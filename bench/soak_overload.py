@@ -445,8 +445,9 @@ def markdown(result: dict[str, Any]) -> str:
         + f"The simulator pods slowed (speedup {result['speedup']:g}, "
         f"max-num-seqs {result['max_num_seqs']}): "
         f"their capacity {cap['per_s']} req/s ({cap['client']}: {cap['statuses']}). Flow control "
-        f"`{json.dumps(FLOW_CONTROL)}`; bodies in turn (base model, tweet-summary, sql-lora Critical, "
-        f"sql-lora-sheddable), tenants loud:quiet 10:1. Each load for {result['minutes']:g} min, then "
+        f"`{json.dumps(result['flow_control'])}`; bodies in turn (base model, tweet-summary, "
+        f"sql-lora Critical, sql-lora-sheddable), tenants loud:quiet 10:1. "
+        f"Each load for {result['minutes']:g} min, then "
         f"{result['fall']:g} s at {result['fall_load']:g}x; a sample every {result['every']:g} s. "
         f"A request's time limit: its band's TTL ({CRITICAL_TTL:g} s Critical, "
         f"{SHEDDABLE_TTL:g} s Sheddable) plus {SLACK:g} s.",
@@ -525,11 +526,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=4, help="the simulator's, per pod")
     parser.add_argument("--output", type=Path, default=RESULTS / "soak-overload.json")
     parser.add_argument("--note", default="")
+    parser.add_argument(
+        "--dispatch-deadline",
+        choices=("on", "off"),
+        default="on",
+        help="flowControl.dispatchDeadline.enabled (on, the default: a held request its pod would answer"
+        " past its limit is answered at the gateway; off: sent anyway, as before it existed)",
+    )
     args = parser.parse_args(argv)
+    flow_control = {**FLOW_CONTROL, "dispatchDeadline": {"enabled": args.dispatch_deadline == "on"}}
 
     run_dir = Path(tempfile.mkdtemp(prefix="soak-overload-"))
     doc = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    doc["flowControl"] = FLOW_CONTROL
+    doc["flowControl"] = flow_control
     config_path = run_dir / "overload.yaml"
     config_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     config = load_config(config_path, environ={})
@@ -606,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         "fall": args.fall,
         "fall_load": args.fall_load,
         "every": args.every,
-        "flow_control": FLOW_CONTROL,
+        "flow_control": flow_control,
         "capacity": capacity,
         "loads": rows,
         "passed": all(r["verdict"]["passed"] for r in rows),
