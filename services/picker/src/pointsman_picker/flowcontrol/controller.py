@@ -9,9 +9,8 @@ ends, or a deadline comes) answers the expired, then dispatches from the head wh
 saturated, each one scheduled afresh on the newest snapshot; one whose pod is expected to take
 longer to start answering than its time limit has left (``flowControl.dispatchDeadline``, the waits
 measured per pod by :mod:`.waits`) is answered there as expired instead of being sent to be late.
-Every waiting request is answered
-exactly once: dispatched, dropped, refused, expired or evicted by :meth:`drain`; or it is cancelled
-(its client went away) and never answered.
+Every waiting request is answered exactly once: dispatched, dropped, refused, expired or evicted by
+:meth:`drain`; or it is cancelled (its client went away) and never answered.
 
 Pure: the clock comes in as an argument, the peers' counts through a callable.
 """
