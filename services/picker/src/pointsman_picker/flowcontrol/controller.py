@@ -282,7 +282,7 @@ class FlowController:
         measured (placed at once or dispatched from the queue alike: the pod's state is what counts)."""
         ticket = routing.ticket
         if ticket is not None:
-            self._waits.observe(ticket.address, self._clock() - ticket.at)
+            self._waits.observe(ticket.address, self._clock() - ticket.at, routing.target)
 
     def saturation(self) -> float:
         """The pool's saturation as the detector sees it now (0 without a usable snapshot)."""
@@ -314,7 +314,7 @@ class FlowController:
             if not room(pod, thresholds, self._peer_counts().get(address, 0)):
                 return address
             if deadline is not None:
-                expected = self._waits.expected(address)
+                expected = self._waits.expected(address, resolved.target or "")
                 if candidates.now + expected > deadline:
                     return Late(address, expected, deadline - candidates.now)
         return self._placed(director.commit(resolved, candidates, decision))
