@@ -4,6 +4,8 @@ yet, the default before anything is seen."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pointsman_picker.flowcontrol.waits import PodWaits
@@ -11,22 +13,22 @@ from pointsman_picker.flowcontrol.waits import PodWaits
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
 
-def waits(
-    *observed: tuple[str, float] | tuple[str, float, str], default: float = 0.5, max_keys: int = 16
-) -> PodWaits:
-    """Observations ``(address, seconds)`` or ``(address, seconds, target)``."""
+def waits(*observed: tuple[Any, ...], default: float = 0.5, max_keys: int = 16) -> PodWaits:
+    """Observations ``(address, seconds[, target[, slotted]])``."""
     w = PodWaits(default, max_keys=max_keys)
-    for address, seconds, *target in observed:
-        w.observe(address, seconds, *target)
+    for address, seconds, *rest in observed:
+        w.observe(address, seconds, *rest)
     return w
 
 
 # A pod's observations, for two targets: 0.4 s then 0.1 s: mean 0.3625, deviation 0.225.
 TWO_TARGETS = ((A, 0.4, "x"), (A, 0.1, "y"))
+# One target, sent while the pod ran it (0.1 s) and while it did not (0.4 s).
+SLOTTED = ((A, 0.4, "x", False), (A, 0.1, "x", True))
 
 
 @pytest.mark.parametrize(
-    ("observed", "address", "target", "expected"),
+    ("observed", "address", "key", "expected"),
     [
         pytest.param((), A, "", 0.5, id="nothing seen: the default"),
         # One observation R: mean R, deviation R/2, expected R + 2 * R/2.
@@ -37,10 +39,13 @@ TWO_TARGETS = ((A, 0.4, "x"), (A, 0.1, "y"))
         pytest.param(TWO_TARGETS, A, "x", 0.8, id="a target the pod answered: its own"),
         pytest.param(TWO_TARGETS, A, "y", 0.2, id="another target: its own"),
         pytest.param(TWO_TARGETS, A, "z", 0.3625 + 2 * 0.225, id="a target not answered: the pod's"),
+        pytest.param(SLOTTED, A, ("x", True), 0.2, id="the target in a slot: its own"),
+        pytest.param(SLOTTED, A, ("x", False), 0.8, id="the target waiting for a slot: its own"),
     ],
 )
-def test_expected(observed, address, target, expected):
-    assert waits(*observed).expected(address, target) == pytest.approx(expected)
+def test_expected(observed, address, key, expected):
+    key = key if isinstance(key, tuple) else (key,)
+    assert waits(*observed).expected(address, *key) == pytest.approx(expected)
 
 
 def test_steady_waits_converge_on_their_value():

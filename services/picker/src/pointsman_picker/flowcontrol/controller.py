@@ -104,6 +104,8 @@ class FlowController:
         self._recent = RecentAssignments(config.picker.max_staleness)
         # Each pod's wait from dispatch to response headers, measured (responded()).
         self._waits = PodWaits(config.flow_control.dispatch_deadline.default_wait)
+        # Per routed request until its response (by ticket key): whether its pod ran its target then.
+        self._slotted: dict[int, bool] = {}
         self._queue: FlowQueue[Waiting] = FlowQueue(Bounds(1, 1), {}, Bounds(1, 1))
         self._closed = False  # drained: from then on, requests are placed at once (the picker stops)
         self.reconfigure(config)
@@ -165,7 +167,7 @@ class FlowController:
         resolved = director.resolve(context)
         candidates = director.candidates(resolved)
         if self._closed or candidates.fallback is not None:
-            return self._placed(director.place(resolved, candidates))
+            return self._placed(director.place(resolved, candidates), candidates)
         if self._queue.ahead(resolved.priority):
             reason = f"{len(self._queue)} waiting before it"
         elif self._saturated(candidates, resolved.priority):
@@ -276,13 +278,14 @@ class FlowController:
         """A routed request ended: it waits nowhere any more."""
         if routing.ticket is not None:
             self._recent.finished(routing.ticket)
+            self._slotted.pop(routing.ticket.key, None)
 
     def responded(self, routing: Routing) -> None:
         """A routed request's response headers came: its pod's wait, from the decision to now, is
         measured (placed at once or dispatched from the queue alike: the pod's state is what counts)."""
         ticket = routing.ticket
-        if ticket is not None:
-            self._waits.observe(ticket.address, self._clock() - ticket.at, routing.target)
+        if ticket is not None and (slotted := self._slotted.pop(ticket.key, None)) is not None:
+            self._waits.observe(ticket.address, self._clock() - ticket.at, routing.target, slotted)
 
     def saturation(self) -> float:
         """The pool's saturation as the detector sees it now (0 without a usable snapshot)."""
@@ -304,7 +307,7 @@ class FlowController:
         :class:`Late`."""
         director = self._director
         if candidates.fallback is not None:
-            return self._placed(director.place(resolved, candidates))
+            return self._placed(director.place(resolved, candidates), candidates)
         decision = director.schedule(resolved, candidates)
         picked = decision.outcome
         if not isinstance(picked, Drop):
@@ -314,15 +317,26 @@ class FlowController:
             if not room(pod, thresholds, self._peer_counts().get(address, 0)):
                 return address
             if deadline is not None:
-                expected = self._waits.expected(address, resolved.target or "")
+                target = resolved.target or ""
+                slotted = target in pod.running_adapters
+                expected = self._waits.expected(address, target, slotted)
                 if candidates.now + expected > deadline:
                     return Late(address, expected, deadline - candidates.now)
-        return self._placed(director.commit(resolved, candidates, decision))
+        return self._placed(director.commit(resolved, candidates, decision), candidates)
 
-    def _placed(self, routing: Routing) -> Routing:
-        if routing.ticket is not None:
-            self._recent.record(routing.ticket)
+    def _placed(self, routing: Routing, candidates: Candidates) -> Routing:
+        ticket = routing.ticket
+        if ticket is not None:
+            self._recent.record(ticket)
+            self._slotted[ticket.key] = self._runs_target(candidates, ticket.address, routing.target)
         return routing
+
+    @staticmethod
+    def _runs_target(candidates: Candidates, address: str, target: str) -> bool:
+        """Whether the pod at ``address`` runs ``target`` (an adapter in a slot) as the snapshot shows:
+        its waits differ from a target that needs a slot first (:mod:`.waits`)."""
+        position = candidates.positions.get(address)
+        return position is not None and target in candidates.pods[position].running_adapters
 
     def _loaded(self, candidates: Candidates) -> Pods:
         return self._recent.adjust(

@@ -7,11 +7,12 @@ mean plus ``DEVIATIONS`` deviations. The deviation is the margin: a pod whose wa
 load now and then, a queue that comes and goes) is expected to take longer than its mean, one whose
 waits hold steady close to it.
 
-Kept per pod and target model (an adapter, or the base model) first: on pods with few adapter slots,
-a request for an adapter the pod does not run waits for a slot and a load, while one for the adapter
-it runs goes into the batch (in the overload soak, 15 of the 16 answers past 6 s were of the target
-split over four adapters). A target a pod has not answered yet takes the pod's estimate (all its
-targets), a pod with no observation the pool's (every pod's), a pool with none ``default``.
+Kept per pod, target model (an adapter, or the base model) and whether the pod ran the target when
+the request was sent (its snapshot's running adapters) first: on pods with few adapter slots, a
+request for an adapter the pod does not run waits for a slot and a load, while one for the adapter it
+runs goes into the batch (in the overload soak, 15 of the 16 answers past 6 s were of the target
+split over four adapters, on pods of one slot). A key not answered yet takes the pod's estimate (all
+its requests), a pod with no observation the pool's (every pod's), a pool with none ``default``.
 
 Pure: the observations come in as seconds; no clock.
 """
@@ -53,24 +54,24 @@ class PodWaits:
         self.default = default
         self._max_keys = max_keys
         self._pods: OrderedDict[str, Smoothed] = OrderedDict()
-        self._targets: OrderedDict[tuple[str, str], Smoothed] = OrderedDict()
+        self._targets: OrderedDict[tuple[str, str, bool], Smoothed] = OrderedDict()
         self._pool: Smoothed | None = None
 
-    def observe(self, address: str, seconds: float, target: str = "") -> None:
-        """A request for ``target`` sent to ``address`` started to be answered ``seconds`` after its
-        dispatch."""
+    def observe(self, address: str, seconds: float, target: str = "", slotted: bool = False) -> None:
+        """A request for ``target`` sent to ``address`` (``slotted``: which ran the target then) started
+        to be answered ``seconds`` after its dispatch."""
         seconds = max(seconds, 0.0)
         _add(self._pods, address, seconds, self._max_keys)
-        _add(self._targets, (address, target), seconds, self._max_keys)
+        _add(self._targets, (address, target, slotted), seconds, self._max_keys)
         if self._pool is None:
             self._pool = Smoothed.first(seconds)
         else:
             self._pool.add(seconds)
 
-    def expected(self, address: str, target: str = "") -> float:
-        """The wait a request for ``target`` sent to ``address`` now is expected to have before its
-        answer starts."""
-        known = self._targets.get((address, target)) or self._pods.get(address) or self._pool
+    def expected(self, address: str, target: str = "", slotted: bool = False) -> float:
+        """The wait a request for ``target`` sent to ``address`` now (``slotted``: which runs the target
+        now) is expected to have before its answer starts."""
+        known = self._targets.get((address, target, slotted)) or self._pods.get(address) or self._pool
         return known.expected if known is not None else self.default
 
 
