@@ -16,6 +16,7 @@ from picker_builders import NOW, config, ctx, pod, snapshot
 from pointsman_picker import errors
 from pointsman_picker.director import Director
 from pointsman_picker.flowcontrol.controller import FlowController, Waiting
+from pointsman_picker.flowcontrol.waits import DEVIATIONS
 from pointsman_picker.interfaces import NoMetrics
 from pointsman_picker.routing import Routing
 from pointsman_picker.snapshots import StaticSnapshotSource
@@ -324,17 +325,21 @@ class Outcomes:
         self.seen.append(outcome)
 
 
+# One observation R: mean R, deviation R/2, expected R + DEVIATIONS * R/2 = 0.6 s.
+R = 0.6 / (1 + DEVIATIONS / 2)
+
+
 # flowControl.dispatchDeadline: a held request waited `waited` of its 2 s, then room frees on both pods,
 # whose measured waits (dispatch to response headers) are `observed`: sent, or answered as expired.
 @pytest.mark.parametrize(
     ("deadline", "observed", "body", "waited", "answer"),
     [
-        # One observation of 0.3 s: expected 0.6 s (mean 0.3 plus two deviations of 0.15).
-        pytest.param({}, (0.3, 0.3), CRITICAL, 1.3, "sent", id="its pod answers in time: sent"),
-        pytest.param({}, (0.3, 0.3), CRITICAL, 1.5, 503, id="critical, would be late: 503"),
-        pytest.param({}, (0.3, 0.3), SHEDDABLE, 1.5, 429, id="sheddable, would be late: 429"),
-        pytest.param({"enabled": False}, (0.3, 0.3), CRITICAL, 1.5, "sent", id="off: sent to be late"),
-        pytest.param({}, (None, 0.3), CRITICAL, 1.5, 503, id="a pod not measured: the pool's wait"),
+        # One observation each: expected 0.6 s.
+        pytest.param({}, (R, R), CRITICAL, 1.3, "sent", id="its pod answers in time: sent"),
+        pytest.param({}, (R, R), CRITICAL, 1.5, 503, id="critical, would be late: 503"),
+        pytest.param({}, (R, R), SHEDDABLE, 1.5, 429, id="sheddable, would be late: 429"),
+        pytest.param({"enabled": False}, (R, R), CRITICAL, 1.5, "sent", id="off: sent to be late"),
+        pytest.param({}, (None, R), CRITICAL, 1.5, 503, id="a pod not measured: the pool's wait"),
         pytest.param({}, (None, None), CRITICAL, 1.45, "sent", id="nothing measured: the default 0.5 s"),
         pytest.param({}, (None, None), CRITICAL, 1.55, 503, id="nothing measured, past the default"),
         pytest.param(
@@ -369,7 +374,7 @@ def test_a_held_request_its_pod_would_answer_too_late_is_answered_as_expired(
 def test_a_late_requests_explanation_names_its_pod_and_the_waits():
     h = Harness(defaultRequestTTL="2s")
     for address in PODS:
-        h.flow.waits.observe(address, 0.3)
+        h.flow.waits.observe(address, R)
     h.set_waiting(2, 2)
     waiting = h.flow.route(ctx(CRITICAL, explain=True, request_id="x"))
     assert isinstance(waiting, Waiting)
@@ -390,9 +395,9 @@ def test_a_response_measures_its_pods_wait_from_the_decision():
     h = Harness()
     routing = h.send("r")
     assert isinstance(routing, Routing)
-    h.clock.now += 0.25
+    h.clock.now += R
     h.flow.responded(routing)
-    assert h.flow.waits.expected(routing.endpoint) == pytest.approx(0.5)  # 0.25 + 2 * 0.125
+    assert h.flow.waits.expected(routing.endpoint) == pytest.approx(0.6)
 
 
 def test_a_request_placed_at_once_is_not_held_back_by_its_pods_wait():

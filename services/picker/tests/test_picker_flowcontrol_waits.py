@@ -15,7 +15,7 @@ A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
 def waits(*observed: tuple[Any, ...], default: float = 0.5, max_keys: int = 16) -> PodWaits:
     """Observations ``(address, seconds[, target[, slotted]])``."""
-    w = PodWaits(default, max_keys=max_keys)
+    w = PodWaits(default, deviations=2.0, max_keys=max_keys)
     for address, seconds, *rest in observed:
         w.observe(address, seconds, *rest)
     return w

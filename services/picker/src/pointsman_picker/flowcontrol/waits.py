@@ -44,14 +44,14 @@ class Smoothed:
         self.deviation += BETA * (abs(self.mean - seconds) - self.deviation)
         self.mean += ALPHA * (seconds - self.mean)
 
-    @property
-    def expected(self) -> float:
-        return self.mean + DEVIATIONS * self.deviation
+    def expected(self, deviations: float) -> float:
+        return self.mean + deviations * self.deviation
 
 
 class PodWaits:
-    def __init__(self, default: float, *, max_keys: int = MAX_KEYS) -> None:
+    def __init__(self, default: float, *, deviations: float = DEVIATIONS, max_keys: int = MAX_KEYS) -> None:
         self.default = default
+        self._deviations = deviations
         self._max_keys = max_keys
         self._pods: OrderedDict[str, Smoothed] = OrderedDict()
         self._targets: OrderedDict[tuple[str, str, bool], Smoothed] = OrderedDict()
@@ -72,7 +72,7 @@ class PodWaits:
         """The wait a request for ``target`` sent to ``address`` now (``slotted``: which runs the target
         now) is expected to have before its answer starts."""
         known = self._targets.get((address, target, slotted)) or self._pods.get(address) or self._pool
-        return known.expected if known is not None else self.default
+        return known.expected(self._deviations) if known is not None else self.default
 
 
 K = TypeVar("K")
