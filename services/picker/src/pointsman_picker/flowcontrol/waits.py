@@ -1,7 +1,7 @@
 """How long a pod is expected to take to start answering a request sent to it now, from what was
 measured: the time from each request's dispatch to its response headers, per pod and target model.
 
-The estimate is TCP's retransmission timer's (RFC 6298) with a smaller margin: a smoothed mean
+The estimate is TCP's retransmission timer's (RFC 6298): a smoothed mean
 (``ALPHA``) and a smoothed mean deviation (``BETA``) of the observed waits, and the expected wait the
 mean plus ``DEVIATIONS`` deviations. The deviation is the margin: a pod whose waits spread (an adapter
 load now and then, a queue that comes and goes) is expected to take longer than its mean, one whose
@@ -25,7 +25,7 @@ from typing import TypeVar
 
 ALPHA = 1 / 8  # RFC 6298's gains: ~8 observations of memory for the mean
 BETA = 1 / 4
-DEVIATIONS = 2.0  # RFC 6298 takes 4 for a retransmission; 2 here keeps fewer requests from the pods
+DEVIATIONS = 4.0  # RFC 6298's K: the tail of a one-slot pod's waits (an adapter load behind others) is long
 MAX_KEYS = 16384  # pods, and pods x targets, kept; past it the one observed longest ago goes
 
 
