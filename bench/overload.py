@@ -104,6 +104,7 @@ def run(
         router,
         on_finish=lambda index, served: router.finished(trace[index]),
         dispatch=dispatch,
+        on_first_token=lambda index, at: router.first_token(trace[index], at),
     )
 
 
@@ -173,6 +174,13 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, default=None, help="req/s (default: the scenario's)")
     parser.add_argument("--pickers", type=int, choices=(1, 2), default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--dispatch-deadline",
+        choices=("on", "off"),
+        default="on",
+        help="flowControl.dispatchDeadline.enabled (on, the default: a held request its pod would answer"
+        " past its time limit is answered as expired; off: sent anyway)",
+    )
     args = parser.parse_args()
     if args.pickers == 2:
         two_pickers(args)
@@ -221,6 +229,8 @@ def _setup(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any, float, f
     """bench/overload.yaml, its base scenario, the variant's engines, and the capacity and duration
     (the flags' or the file's)."""
     doc = yaml.safe_load(SCENARIO.read_text(encoding="utf-8"))
+    if args.dispatch_deadline == "off":
+        doc["flowControl"] = {**doc["flowControl"], "dispatchDeadline": {"enabled": False}}
     scenario = load_scenario(SCENARIO.parent / doc["base"])
     variant = next(v for v in scenario.variants if v.name == doc["variant"])
     engines = engine_configs(scenario, variant)

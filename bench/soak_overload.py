@@ -100,11 +100,17 @@ QUEUE = "inference_extension_flow_control_queue_size"
 DURATION = "inference_extension_flow_control_request_queue_duration_seconds"
 
 
-def request(port: int, model: str, tenant: str) -> bytes:
+EXPLAIN = "x-pointsman-explain"  # --explain: the picker's explain header, asked of tweet-summary's requests
+SLOW = 6.0  # --explain: a 200 answered later than this is kept with how long it waited at the gateway
+_WAITED = re.compile(rb"waited ([0-9.]+)s in flow control")
+
+
+def request(port: int, model: str, tenant: str, explain: bool = False) -> bytes:
     body = json.dumps({"model": model, "prompt": "Summarize: points.", "max_tokens": MAX_TOKENS}).encode()
     head = (
         f"POST {PATH} HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\nContent-Type: application/json\r\n"
-        f"{TENANT}: {tenant}\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"{TENANT}: {tenant}\r\n{f'{EXPLAIN}: 1' + chr(13) + chr(10) if explain else ''}"
+        f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -134,6 +140,7 @@ class Tally:
         self.latencies: dict[str, list[float]] = {}
         self.window_latencies: list[float] = []
         self.late = 0
+        self.slow: list[dict[str, Any]] = []  # --explain: slow 200s, their wait at the gateway
         self.bad_bodies = 0
         self.worst_over_limit = 0.0
 
@@ -164,14 +171,14 @@ class Tally:
 class Load:
     """Open loop at ``rate``: request i due at start + i / rate, on a free keep-alive connection."""
 
-    def __init__(self, port: int, rate: float, tally: Tally) -> None:
+    def __init__(self, port: int, rate: float, tally: Tally, explain: bool = False) -> None:
         self._port = port
         self._rate = rate
         self._tally = tally
         tenants = ["loud"] * 10 + ["quiet"]
         self._requests = itertools.cycle(
             [
-                (request(port, model, tenant), ttl)
+                (request(port, model, tenant, explain and model == "tweet-summary"), ttl)
                 for tenant in tenants
                 for model, ttl in MODELS  # each tenant sends every body in turn
             ]
@@ -221,6 +228,12 @@ class Load:
             status = str(code) if code else "broken"
             if code in (429, 503):
                 body_ok = json_body(conn.response())
+            took = time.perf_counter() - sent
+            if code == 200 and took > SLOW:
+                waited = _WAITED.search(conn.response())
+                self._tally.slow.append(
+                    {"seconds": round(took, 3), "waited": float(waited[1]) if waited else None}
+                )
         except TimeoutError:
             status = "lost"
         except OSError:
@@ -285,9 +298,10 @@ async def phase(
     rate: float,
     seconds: float,
     every: float,
+    explain: bool = False,
 ) -> dict[str, Any]:
     tally = Tally()
-    load = Load(port, rate, tally)
+    load = Load(port, rate, tally, explain)
     samples: list[dict[str, Any]] = []
     began = time.perf_counter()
     wall_began = time.time()
@@ -341,6 +355,7 @@ async def phase(
         "answered": sum(tally.total.values()),
         "skipped_by_the_client": load.skipped,
         "late": tally.late,
+        "slow_200s": tally.slow,
         "worst_over_limit_s": round(tally.worst_over_limit, 3),
         "error_bodies_not_json": tally.bad_bodies,
         "latency": latencies,
@@ -445,8 +460,9 @@ def markdown(result: dict[str, Any]) -> str:
         + f"The simulator pods slowed (speedup {result['speedup']:g}, "
         f"max-num-seqs {result['max_num_seqs']}): "
         f"their capacity {cap['per_s']} req/s ({cap['client']}: {cap['statuses']}). Flow control "
-        f"`{json.dumps(FLOW_CONTROL)}`; bodies in turn (base model, tweet-summary, sql-lora Critical, "
-        f"sql-lora-sheddable), tenants loud:quiet 10:1. Each load for {result['minutes']:g} min, then "
+        f"`{json.dumps(result['flow_control'])}`; bodies in turn (base model, tweet-summary, "
+        f"sql-lora Critical, sql-lora-sheddable), tenants loud:quiet 10:1. "
+        f"Each load for {result['minutes']:g} min, then "
         f"{result['fall']:g} s at {result['fall_load']:g}x; a sample every {result['every']:g} s. "
         f"A request's time limit: its band's TTL ({CRITICAL_TTL:g} s Critical, "
         f"{SHEDDABLE_TTL:g} s Sheddable) plus {SLACK:g} s.",
@@ -525,11 +541,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=4, help="the simulator's, per pod")
     parser.add_argument("--output", type=Path, default=RESULTS / "soak-overload.json")
     parser.add_argument("--note", default="")
+    parser.add_argument(
+        "--dispatch-deadline",
+        choices=("on", "off"),
+        default="on",
+        help="flowControl.dispatchDeadline.enabled (on, the default: a held request its pod would answer"
+        " past its limit is answered at the gateway; off: sent anyway, as before it existed)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help=f"tweet-summary's requests ask for the explain header; each 200 slower than {SLOW:g} s is kept"
+        " with its wait at the gateway (slow_200s)",
+    )
     args = parser.parse_args(argv)
+    flow_control = {**FLOW_CONTROL, "dispatchDeadline": {"enabled": args.dispatch_deadline == "on"}}
 
     run_dir = Path(tempfile.mkdtemp(prefix="soak-overload-"))
     doc = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    doc["flowControl"] = FLOW_CONTROL
+    doc["flowControl"] = flow_control
+    if args.explain:
+        doc.setdefault("picker", {})["explainHeader"] = EXPLAIN
     config_path = run_dir / "overload.yaml"
     config_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     config = load_config(config_path, environ={})
@@ -567,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                         load * capacity["per_s"],
                         args.minutes * 60,
                         args.every,
+                        args.explain,
                     )
                 )
                 fall = aio.run(
@@ -606,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         "fall": args.fall,
         "fall_load": args.fall_load,
         "every": args.every,
-        "flow_control": FLOW_CONTROL,
+        "flow_control": flow_control,
         "capacity": capacity,
         "loads": rows,
         "passed": all(r["verdict"]["passed"] for r in rows),

@@ -16,6 +16,7 @@ from picker_builders import NOW, config, ctx, pod, snapshot
 from pointsman_picker import errors
 from pointsman_picker.director import Director
 from pointsman_picker.flowcontrol.controller import FlowController, Waiting
+from pointsman_picker.flowcontrol.waits import DEVIATIONS
 from pointsman_picker.interfaces import NoMetrics
 from pointsman_picker.routing import Routing
 from pointsman_picker.snapshots import StaticSnapshotSource
@@ -36,7 +37,7 @@ class Clock:
 class Harness:
     """A controller over two pods whose waiting counts the test sets; answers kept by request id."""
 
-    def __init__(self, **flow: Any) -> None:
+    def __init__(self, metrics: Any = None, **flow: Any) -> None:
         self.clock = Clock()
         self.source = StaticSnapshotSource()
         self.version = 0
@@ -45,8 +46,10 @@ class Harness:
         self.director = Director(
             cfg, self.source, NoMetrics(), rng=random.Random(1), clock=self.clock, timer=time.perf_counter
         )
-        self.flow = FlowController(self.director, cfg, clock=self.clock)
+        self.flow = FlowController(self.director, cfg, clock=self.clock, metrics=metrics)
         self.answers: dict[str, list[Routing | errors.PickerError]] = {}
+        # Per answered held request: when, and its pod's expected wait then (a routing's).
+        self.answered_at: dict[str, tuple[float, float | None]] = {}
         self.held: dict[str, Waiting] = {}
         self.order: list[str] = []  # held requests, as they were answered
 
@@ -71,6 +74,8 @@ class Harness:
         return result
 
     def _answer(self, request_id: str, answer: Routing | errors.PickerError) -> None:
+        expected = self.flow.waits.expected(answer.endpoint) if isinstance(answer, Routing) else None
+        self.answered_at[request_id] = (self.clock.now, expected)
         self.answers.setdefault(request_id, []).append(answer)
         self.order.append(request_id)
 
@@ -312,6 +317,96 @@ def test_the_explanation_says_how_long_it_waited_and_why():
     )
 
 
+class Outcomes:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def waited(self, priority: int, flow: str, outcome: str, seconds: float) -> None:
+        self.seen.append(outcome)
+
+
+# One observation R: mean R, deviation R/2, expected R + DEVIATIONS * R/2 = 0.6 s.
+R = 0.6 / (1 + DEVIATIONS / 2)
+
+
+# flowControl.dispatchDeadline: a held request waited `waited` of its 2 s, then room frees on both pods,
+# whose measured waits (dispatch to response headers) are `observed`: sent, or answered as expired.
+@pytest.mark.parametrize(
+    ("deadline", "observed", "body", "waited", "answer"),
+    [
+        # One observation each: expected 0.6 s.
+        pytest.param({}, (R, R), CRITICAL, 1.3, "sent", id="its pod answers in time: sent"),
+        pytest.param({}, (R, R), CRITICAL, 1.5, 503, id="critical, would be late: 503"),
+        pytest.param({}, (R, R), SHEDDABLE, 1.5, 429, id="sheddable, would be late: 429"),
+        pytest.param({"enabled": False}, (R, R), CRITICAL, 1.5, "sent", id="off: sent to be late"),
+        pytest.param({}, (None, R), CRITICAL, 1.5, 503, id="a pod not measured: the pool's wait"),
+        pytest.param({}, (None, None), CRITICAL, 1.45, "sent", id="nothing measured: the default 0.5 s"),
+        pytest.param({}, (None, None), CRITICAL, 1.55, 503, id="nothing measured, past the default"),
+        pytest.param(
+            {"defaultWait": "0s"}, (None, None), CRITICAL, 1.99, "sent", id="default 0: sent while any left"
+        ),
+    ],
+)
+def test_a_held_request_its_pod_would_answer_too_late_is_answered_as_expired(
+    deadline, observed, body, waited, answer
+):
+    outcomes = Outcomes()
+    h = Harness(outcomes, defaultRequestTTL="2s", dispatchDeadline=deadline)
+    for address, seconds in zip(PODS, observed, strict=True):
+        if seconds is not None:
+            h.flow.waits.observe(address, seconds)
+    h.set_waiting(2, 2)
+    h.send("r", body)
+    h.clock.now += waited - 0.002  # set_waiting moves the clock 2 ms
+    h.set_waiting(0, 0)
+    h.flow.pump()
+    [got] = h.answers["r"]
+    assert h.flow.waiting == 0
+    if answer == "sent":
+        assert isinstance(got, Routing)
+        assert outcomes.seen == ["Dispatched"]
+    else:
+        assert isinstance(got, errors.PickerError)
+        assert (got.status, got.result) == (answer, "queue_expired")
+        assert outcomes.seen == ["EvictedTTL"]
+
+
+def test_a_late_requests_explanation_names_its_pod_and_the_waits():
+    h = Harness(defaultRequestTTL="2s")
+    for address in PODS:
+        h.flow.waits.observe(address, R)
+    h.set_waiting(2, 2)
+    waiting = h.flow.route(ctx(CRITICAL, explain=True, request_id="x"))
+    assert isinstance(waiting, Waiting)
+    got: list[Any] = []
+    waiting.answer = got.append
+    h.clock.now += 1.5
+    h.set_waiting(0, 0)
+    h.flow.pump()
+    [error] = got
+    assert isinstance(error, errors.QueueExpired)
+    why, late = error.explain.split("; ")
+    assert why == "waited 1.502s in flow control (priority 0, flow default-flow): pool saturated"
+    assert late.startswith("not dispatched: its pod 10.0.0.")
+    assert late.endswith(" is expected to start answering in 0.600s, 0.498s of its limit left")
+
+
+def test_a_response_measures_its_pods_wait_from_the_decision():
+    h = Harness()
+    routing = h.send("r")
+    assert isinstance(routing, Routing)
+    h.clock.now += R
+    h.flow.responded(routing)
+    assert h.flow.waits.expected(routing.endpoint) == pytest.approx(0.6)
+
+
+def test_a_request_placed_at_once_is_not_held_back_by_its_pods_wait():
+    h = Harness(defaultRequestTTL="1s")
+    for address in PODS:
+        h.flow.waits.observe(address, 5.0)  # expected 10 s, past any limit
+    assert isinstance(h.send("r"), Routing)
+
+
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("send"), st.booleans(), st.sampled_from(["a", "b", "c"])),
@@ -319,6 +414,7 @@ OPS = st.lists(
         st.tuples(st.just("tick"), st.floats(0.0, 1.5)),
         st.tuples(st.just("free"), st.integers(0, 3), st.integers(0, 3)),
         st.tuples(st.just("end"), st.integers(0, 50)),
+        st.tuples(st.just("respond"), st.integers(0, 50), st.floats(0.0, 0.8)),
     ),
     max_size=60,
 )
@@ -330,12 +426,14 @@ def test_no_request_is_lost_or_answered_twice(ops):
     h = Harness(defaultRequestTTL="1s", maxRequests=5, priorityBands=SHEDDABLE_BAND)
     h.set_waiting(2, 2)
     sent: list[str] = []
+    sent_at: dict[str, float] = {}
     refused: set[str] = set()
     cancelled: set[str] = set()
     for op in ops:
         if op[0] == "send":
             rid = f"r{len(sent)}"
             sent.append(rid)
+            sent_at[rid] = h.clock.now
             try:
                 h.send(rid, CRITICAL if op[1] else SHEDDABLE, flow=op[2])
             except errors.PickerError:  # queue full, or no fresh snapshot: answered at once
@@ -354,7 +452,14 @@ def test_no_request_is_lost_or_answered_twice(ops):
             answers = h.answers.get(sent[op[1] % len(sent)], [])
             if answers and isinstance(answers[0], Routing):
                 h.flow.finished(answers[0])
+        elif op[0] == "respond" and sent:  # its response came op[2] s after its decision
+            answers = h.answers.get(sent[op[1] % len(sent)], [])
+            if answers and isinstance(answers[0], Routing) and answers[0].ticket is not None:
+                h.clock.now += op[2]
+                h.flow.responded(answers[0])
         h.flow.pump()
+    drained_at = h.clock.now + 1e-6
+    h.clock.now = drained_at
     h.flow.drain()
     for rid in sent:
         got = h.answers.get(rid, [])
@@ -362,4 +467,8 @@ def test_no_request_is_lost_or_answered_twice(ops):
             assert got == []
         else:
             assert len(got) == 1, (rid, got)
+        # A held request dispatched (before the drain) was expected to be answered within its 1 s.
+        at, expected = h.answered_at.get(rid, (0.0, None))
+        if expected is not None and rid in h.held and not h.flow.queue and at < drained_at:
+            assert at + expected <= sent_at[rid] + 1.0 + 1e-9, (rid, at, expected)
     assert h.flow.waiting == 0

@@ -501,3 +501,22 @@ def test_the_route_goes_into_the_metadata_when_the_body_is_not_shown(
     else:
         fields = metadata["pointsman.route"].struct_value.fields
         assert {key: value.string_value for key, value in fields.items()} == route
+
+
+@pytest.mark.parametrize(
+    ("router", "end_of_stream", "told"),
+    [
+        pytest.param(FakeRouter(), False, 1, id="routed, headers then a body: told at the headers"),
+        pytest.param(FakeRouter(), True, 1, id="routed, header-only response: told"),
+        pytest.param(FakeRouter(errors.BadRequest("no")), False, 0, id="failed: nothing to measure"),
+    ],
+)
+def test_response_headers_tell_the_response_sink_once(router, end_of_stream, told):
+    responded: list[Routing] = []
+    stream = RequestStream(
+        router.route, SETTINGS, on_error=router.errors.append, on_response=responded.append
+    )
+    stream.handle(post_headers())
+    stream.handle(body(b"{}"))
+    stream.handle(response_headers((":status", "200"), end_of_stream=end_of_stream))
+    assert responded == ([stream.routing] * told if told else [])

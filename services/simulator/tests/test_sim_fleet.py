@@ -77,6 +77,16 @@ def test_on_finish_hears_each_request_by_trace_index_when_it_ends() -> None:
     assert {s.request.finished_at for s in result.served} == {t for _, t in heard}
 
 
+def test_on_first_token_hears_each_request_once_at_its_first_token_in_time_order() -> None:
+    trace = sharegpt_like(random.Random(3), 50, rate=20.0, adapters=(None, "a"))
+    heard: list[tuple[int, float]] = []
+    result = run_fleet(configs(2), trace, RoundRobin(), on_first_token=lambda i, at: heard.append((i, at)))
+    assert sorted(i for i, _ in heard) == list(range(50))
+    assert [t for _, t in heard] == sorted(t for _, t in heard)
+    first = {int(s.request.request_id[1:]): s.request.first_token_at for s in result.served}
+    assert dict(heard) == first
+
+
 def test_a_placement_serves_the_adapter_the_router_rewrote_the_request_to() -> None:
     trace = [TraceRequest(0.0, 32, 4, "public-name")]
     result = run_fleet(configs(2), trace, lambda request, pods: Placement(1, "version-2"))

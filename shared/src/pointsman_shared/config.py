@@ -401,6 +401,18 @@ class PriorityBand(_Model):
     saturation_detector: SaturationDetectorConfig | None = None
 
 
+class DispatchDeadlineConfig(_Model):
+    """``flowControl.dispatchDeadline`` (Pointsman's): a held request is dispatched only when the pod it
+    would go to is expected to start answering within what its band's time limit has left; otherwise
+    it is answered at the gateway as if it had expired (429 sheddable, 503 the rest), not sent to be
+    late. The expected wait is measured per pod: the time from dispatch to the response headers of the
+    requests the pod was sent (docs/flow-control.md)."""
+
+    enabled: bool = True
+    # A pod's expected wait before any of the pool's responses has been seen.
+    default_wait: Seconds = 0.5
+
+
 class FlowControlConfig(_Model):
     """``flowControl``: hold requests in the picker while the pool is saturated, by band (priority,
     highest first), then by flow in turn (``x-gateway-inference-fairness-id``), then first come first
@@ -421,6 +433,7 @@ class FlowControlConfig(_Model):
     # a request waits: Envoy's filter must set max_message_timeout at least this high (every Envoy
     # config in deploy/ does: 60s).
     max_message_timeout: PositiveSeconds = 60.0
+    dispatch_deadline: DispatchDeadlineConfig = DispatchDeadlineConfig()
 
     @field_validator("priority_bands")
     @classmethod

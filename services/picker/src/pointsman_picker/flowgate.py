@@ -40,6 +40,10 @@ class FlowGate:
         if self.controller.waiting:
             self._wake.set()
 
+    def responded(self, routing: Routing) -> None:
+        """A routed request's response headers came: its pod's wait is measured."""
+        self.controller.responded(routing)
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="flow-control")
 

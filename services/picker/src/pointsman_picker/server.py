@@ -122,6 +122,7 @@ class PickerApp:
             on_complete=self.metrics.completed,
             on_finish=self._finished,
             clock=time.monotonic,
+            on_response=self.flow.responded if self.flow is not None else None,
             tracer=self._route_tracer(tracing, clock),
         )
         # Envoy's access log: response sizes and tokens of the responses whose body it did not show.

@@ -79,6 +79,10 @@ Dispatch = Callable[[float, Sequence[PodSnapshot]], "Sequence[tuple[TraceRequest
 FinishSink = Callable[[int, "Served"], None]
 """Told each request that ends, by its index in the trace, at the moment it ends."""
 
+FirstTokenSink = Callable[[int, float], None]
+"""Told each request's first token, by its index in the trace and its time, once the run reaches it
+(a live picker sees the response headers then)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Served:
@@ -131,12 +135,14 @@ def run_fleet(
     on_finish: FinishSink | None = None,
     dispatch: Dispatch | None = None,
     on_start: Callable[[Sequence[Engine]], None] | None = None,
+    on_first_token: FirstTokenSink | None = None,
 ) -> FleetResult:
     """Run the trace (sorted by arrival) through one engine per config until every request ends;
     ``on_finish`` hears of each request as it ends (a router that counts in-flight requests);
-    ``dispatch`` places the requests the router held; ``on_start`` is handed the engines before the
-    first arrival (a router that reads them: a bound of what routing can achieve, not a router one
-    could deploy)."""
+    ``dispatch`` places the requests the router held; ``on_first_token`` hears of each request's first
+    token when the run reaches its time (a router that measures its pods' waits); ``on_start`` is
+    handed the engines before the first arrival (a router that reads them: a bound of what routing can
+    achieve, not a router one could deploy)."""
     if snapshot_interval <= 0:
         raise ValueError(f"snapshot_interval must be positive, got {snapshot_interval}")
     engines = [Engine(config) for config in configs]
@@ -158,6 +164,9 @@ def run_fleet(
     heapq.heappush(events, (snapshot_interval, _SNAPSHOT, next(order), 0))
     now = 0.0
     held: dict[int, int] = {}  # id() of a held trace request -> its index
+    # First tokens of steps already computed, told once the run reaches them: (time, index).
+    first_tokens: list[tuple[float, int]] = []
+    begun: set[str] = set()  # request ids with a first token
 
     def start_step(pod: int, at: float) -> bool:
         """Step ``pod`` from ``at``; whether requests finished."""
@@ -165,7 +174,13 @@ def run_fleet(
         ended = False
         while engine.has_work:
             result = engine.step(at)
+            if on_first_token is not None:
+                for rid in result.tokens:
+                    if rid not in begun:
+                        begun.add(rid)
+                        heapq.heappush(first_tokens, (result.ends_at, int(rid[1:])))
             for finished in result.finished:
+                begun.discard(finished.request_id)
                 ended = True
                 index = int(finished.request_id[1:])
                 if finished.arrived_at != trace[index].arrival:  # held: its wait counts
@@ -205,6 +220,9 @@ def run_fleet(
 
     while events:
         now, kind, _, index = heapq.heappop(events)
+        while on_first_token is not None and first_tokens and first_tokens[0][0] <= now:
+            at, first = heapq.heappop(first_tokens)
+            on_first_token(first, at)
         if kind == _ARRIVAL:
             request = trace[index]
             choice = router(request, snapshots)

@@ -141,6 +141,14 @@ class DirectorRouter:
             if self.flow is not None:
                 self.flow.finished(routing)
 
+    def first_token(self, request: TraceRequest, at: float) -> None:
+        """``request``'s first token came at ``at``: a live picker sees its response headers then, and
+        flow control measures its pod's wait."""
+        routing = self._routings.get(id(request))
+        if routing is not None and self.flow is not None:
+            self.now = at
+            self.flow.responded(routing)
+
     def snapshot(self) -> PoolSnapshot | None:
         return self._snapshots.current()
 
@@ -295,3 +303,8 @@ class TwoPickers:
         picker = self._by_request.pop(id(request), None)
         if picker is not None:
             picker.finished(request)
+
+    def first_token(self, request: TraceRequest, at: float) -> None:
+        picker = self._by_request.get(id(request))
+        if picker is not None:
+            picker.first_token(request, at)

@@ -45,6 +45,7 @@ class ExtProcService:
         on_complete: CompletionSink,
         on_finish: Callable[[Routing], None],
         clock: Clock,
+        on_response: Callable[[Routing], None] | None = None,
         tracer: Tracer | None = None,
     ) -> None:
         self._route = route
@@ -53,6 +54,7 @@ class ExtProcService:
         self._on_error = on_error
         self._on_complete = on_complete
         self._on_finish = on_finish
+        self._on_response = on_response
         self._clock = clock
         self.open_streams = 0
         # Streams the server cut short at shutdown: still open when the grace ran out.
@@ -67,6 +69,7 @@ class ExtProcService:
             self.settings,
             on_error=self._on_error,
             on_complete=self._on_complete,
+            on_response=self._on_response,
             clock=self._clock,
             deferred=deferred,
             tracer=self.tracer,

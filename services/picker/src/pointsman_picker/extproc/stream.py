@@ -28,9 +28,10 @@ A request that flow control holds gets no answer yet: the stream asks Envoy to w
 answers. A stream closed while QUEUED cancels its place in the queue (:meth:`RequestStream.abandon`).
 
 When Envoy also sends the response, it is counted (status, sizes, duration, usage tokens) and passed
-through untouched; :class:`Completion` goes to the ``on_complete`` sink when it ends: at the body's
-end, or, when Envoy shows the response headers but not the body, when the stream ends (Envoy holds it
-open until the response is over).
+through untouched; the routing goes to the ``on_response`` sink when the response headers come (flow
+control measures each pod's wait with it), and :class:`Completion` to the ``on_complete`` sink when it
+ends: at the body's end, or, when Envoy shows the response headers but not the body, when the stream
+ends (Envoy holds it open until the response is over).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ Clock = Callable[[], float]
 
 
 CompletionSink = Callable[[Completion], None]
+ResponseSink = Callable[[Routing], None]
 Metadata = Iterable[tuple[bytes | str, bytes | str]]
 
 
@@ -146,6 +148,7 @@ class RequestStream:
         *,
         on_error: ErrorSink,
         on_complete: CompletionSink | None = None,
+        on_response: ResponseSink | None = None,
         clock: Clock | None = None,
         deferred: DeferredSink | None = None,
         tracer: Tracer | None = None,
@@ -162,6 +165,7 @@ class RequestStream:
         self._settings = settings
         self._on_error = on_error
         self._on_complete = on_complete
+        self._on_response = on_response
         self._clock = clock
         self.phase = Phase.HEADERS
         self.request_id = "-"
@@ -414,9 +418,11 @@ class RequestStream:
         self._usage = UsageScanner(
             event_stream=content_type.startswith(_EVENT_STREAM), max_bytes=self._settings.max_body_bytes
         )
+        routing = self.routing
+        if self._on_response is not None and routing is not None and self.phase is Phase.ROUTED:
+            self._on_response(routing)
         if headers.end_of_stream:
             self._complete()
-        routing = self.routing
         if self._explain and routing is not None and self._settings.explain_header:
             return [responses.response_headers_with(self._settings.explain_header, routing.explain)]
         if (

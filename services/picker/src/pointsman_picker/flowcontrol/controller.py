@@ -6,9 +6,11 @@ or a higher one waits and the pool is not saturated; otherwise it waits in the
 keeps its own say: a request its terminal branch drops is dropped (429), now or at dispatch, as
 without flow control. :meth:`pump` (called by the asyncio edge when a snapshot arrives, a request
 ends, or a deadline comes) answers the expired, then dispatches from the head while the pool is not
-saturated, each one scheduled afresh on the newest snapshot. Every waiting request is answered
-exactly once: dispatched, dropped, refused, expired or evicted by :meth:`drain`; or it is cancelled
-(its client went away) and never answered.
+saturated, each one scheduled afresh on the newest snapshot; one whose pod is expected to take
+longer to start answering than its time limit has left (``flowControl.dispatchDeadline``, the waits
+measured per pod by :mod:`.waits`) is answered there as expired instead of being sent to be late.
+Every waiting request is answered exactly once: dispatched, dropped, refused, expired or evicted by
+:meth:`drain`; or it is cancelled (its client went away) and never answered.
 
 Pure: the clock comes in as an argument, the peers' counts through a callable.
 """
@@ -16,13 +18,14 @@ Pure: the clock comes in as an argument, the peers' counts through a callable.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pointsman_picker import errors
 from pointsman_picker.context import RequestContext, Resolved
 from pointsman_picker.director import Candidates, Director
 from pointsman_picker.flowcontrol.queue import Bounds, Entry, FlowQueue, Full
 from pointsman_picker.flowcontrol.saturation import Thresholds, room, saturated, saturation
+from pointsman_picker.flowcontrol.waits import PodWaits
 from pointsman_picker.routing import Routing
 from pointsman_picker.scheduling.assignments import RecentAssignments
 from pointsman_picker.scheduling.types import Drop, Pods
@@ -52,6 +55,14 @@ EVICTED_TTL = "EvictedTTL"
 EVICTED_CANCELLED = "EvictedContextCancelled"
 EVICTED_OTHER = "EvictedOther"
 REJECTED_OTHER = "RejectedOther"
+
+
+class Late(NamedTuple):
+    """The pod the profile picked is expected to start answering only past the request's deadline."""
+
+    address: str
+    expected: float  # its expected wait, seconds
+    left: float  # what the request's time limit had left, seconds
 
 
 class Waiting:
@@ -91,6 +102,10 @@ class FlowController:
         self._peers = peers
         # This picker's own assignments a scrape has not shown yet, whatever the profile counts.
         self._recent = RecentAssignments(config.picker.max_staleness)
+        # Each pod's wait from dispatch to response headers, measured (responded()).
+        self._waits = PodWaits(config.flow_control.dispatch_deadline.default_wait)
+        # Per routed request until its response (by ticket key): whether its pod ran its target then.
+        self._slotted: dict[int, bool] = {}
         self._queue: FlowQueue[Waiting] = FlowQueue(Bounds(1, 1), {}, Bounds(1, 1))
         self._closed = False  # drained: from then on, requests are placed at once (the picker stops)
         self.reconfigure(config)
@@ -104,6 +119,8 @@ class FlowController:
             b.priority: Thresholds.of(flow, config.scheduling, b.priority) for b in flow.priority_bands
         }
         self._fairness_header = flow.fairness_header.lower()
+        self._deadline_aware = flow.dispatch_deadline.enabled
+        self._waits.default = flow.dispatch_deadline.default_wait  # the measured waits stay
         bands = {b.priority: Bounds(b.max_requests, b.max_bytes) for b in flow.priority_bands}
         default = PriorityBand(priority=0)  # the bounds of a priority no band names
         old = self._queue
@@ -134,6 +151,10 @@ class FlowController:
     def thresholds(self) -> Thresholds:
         return self._thresholds
 
+    @property
+    def waits(self) -> PodWaits:
+        return self._waits
+
     def dispatches(self) -> dict[str, list[float]]:
         """This picker's assignments a scrape may not have shown yet, their times per pod address:
         what it reports to its peers (:mod:`.peers`)."""
@@ -146,7 +167,7 @@ class FlowController:
         resolved = director.resolve(context)
         candidates = director.candidates(resolved)
         if self._closed or candidates.fallback is not None:
-            return self._placed(director.place(resolved, candidates))
+            return self._placed(director.place(resolved, candidates), candidates)
         if self._queue.ahead(resolved.priority):
             reason = f"{len(self._queue)} waiting before it"
         elif self._saturated(candidates, resolved.priority):
@@ -155,7 +176,9 @@ class FlowController:
             placed = self._place(resolved, candidates)  # NoCapacity: dropped, as without
             if isinstance(placed, Routing):
                 return placed
-            reason = f"its pod {placed} has no room"
+            # No deadline given: never Late (a request placed at once has its whole limit left).
+            address = placed if isinstance(placed, str) else placed.address
+            reason = f"its pod {address} has no room"
         now = candidates.now
         flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
         priority = resolved.priority
@@ -205,8 +228,11 @@ class FlowController:
                     break
                 if candidates.fallback is None and self._saturated(candidates, entry.priority):
                     return answered
+                deadline = entry.deadline if self._deadline_aware else None
                 try:
-                    placed: Routing | str | errors.PickerError = self._place(resolved, candidates)
+                    placed: Routing | str | Late | errors.PickerError = self._place(
+                        resolved, candidates, deadline
+                    )
                 except errors.PickerError as exc:  # NoCapacity among them: the profile drops it now
                     placed = exc
                 if isinstance(placed, str):
@@ -214,6 +240,10 @@ class FlowController:
                     continue
                 queue.take(entry)
                 answered += 1
+                if isinstance(placed, Late):
+                    self._expire(entry, now, late=placed)
+                    moved = True
+                    break
                 outcome = DISPATCHED if isinstance(placed, Routing) else REJECTED_OTHER
                 self._answer(entry, placed, outcome, now)
                 moved = True
@@ -248,6 +278,14 @@ class FlowController:
         """A routed request ended: it waits nowhere any more."""
         if routing.ticket is not None:
             self._recent.finished(routing.ticket)
+            self._slotted.pop(routing.ticket.key, None)
+
+    def responded(self, routing: Routing) -> None:
+        """A routed request's response headers came: its pod's wait, from the decision to now, is
+        measured (placed at once or dispatched from the queue alike: the pod's state is what counts)."""
+        ticket = routing.ticket
+        if ticket is not None and (slotted := self._slotted.pop(ticket.key, None)) is not None:
+            self._waits.observe(ticket.address, self._clock() - ticket.at, routing.target, slotted)
 
     def saturation(self) -> float:
         """The pool's saturation as the detector sees it now (0 without a usable snapshot)."""
@@ -257,15 +295,19 @@ class FlowController:
         pods = self._loaded(self._director.usable(snapshot, self._clock()))
         return saturation(pods, self._thresholds, self._peer_counts())
 
-    def _place(self, resolved: Resolved, candidates: Candidates) -> Routing | str:
+    def _place(
+        self, resolved: Resolved, candidates: Candidates, deadline: float | None = None
+    ) -> Routing | str | Late:
         """The profile's pick committed, or, when the pod it picks has no room for the band (its queue
         or KV cache at the detector's thresholds, assignments counted), that pod's address: the
         request waits here instead. The detector says only that some pod has room; the profile may
         pick another by affinity, and in that pod's queue a request could not move (Critical requests
-        waited seconds there for an adapter slot while other pods idled)."""
+        waited seconds there for an adapter slot while other pods idled). With a ``deadline`` (a held
+        request's), a pick whose pod is expected to start answering past it is not committed:
+        :class:`Late`."""
         director = self._director
         if candidates.fallback is not None:
-            return self._placed(director.place(resolved, candidates))
+            return self._placed(director.place(resolved, candidates), candidates)
         decision = director.schedule(resolved, candidates)
         picked = decision.outcome
         if not isinstance(picked, Drop):
@@ -274,12 +316,27 @@ class FlowController:
             thresholds = self._band_thresholds.get(resolved.priority, self._thresholds)
             if not room(pod, thresholds, self._peer_counts().get(address, 0)):
                 return address
-        return self._placed(director.commit(resolved, candidates, decision))
+            if deadline is not None:
+                target = resolved.target or ""
+                slotted = target in pod.running_adapters
+                expected = self._waits.expected(address, target, slotted)
+                if candidates.now + expected > deadline:
+                    return Late(address, expected, deadline - candidates.now)
+        return self._placed(director.commit(resolved, candidates, decision), candidates)
 
-    def _placed(self, routing: Routing) -> Routing:
-        if routing.ticket is not None:
-            self._recent.record(routing.ticket)
+    def _placed(self, routing: Routing, candidates: Candidates) -> Routing:
+        ticket = routing.ticket
+        if ticket is not None:
+            self._recent.record(ticket)
+            self._slotted[ticket.key] = self._runs_target(candidates, ticket.address, routing.target)
         return routing
+
+    @staticmethod
+    def _runs_target(candidates: Candidates, address: str, target: str) -> bool:
+        """Whether the pod at ``address`` runs ``target`` (an adapter in a slot) as the snapshot shows:
+        its waits differ from a target that needs a slot first (:mod:`.waits`)."""
+        position = candidates.positions.get(address)
+        return position is not None and target in candidates.pods[position].running_adapters
 
     def _loaded(self, candidates: Candidates) -> Pods:
         return self._recent.adjust(
@@ -294,15 +351,29 @@ class FlowController:
         thresholds = self._band_thresholds.get(priority, self._thresholds)
         return saturated(self._loaded(candidates), thresholds, self._peer_counts())
 
-    def _expire(self, entry: Entry[Waiting], now: float) -> None:
+    def _expire(self, entry: Entry[Waiting], now: float, late: Late | None = None) -> None:
+        """Its band's expiry answer: it waited its limit, or (``late``) its pod would answer past it."""
         resolved = entry.item.resolved
         waited = now - entry.enqueued
-        message = f"flow control: waited {waited:.3f}s, the limit of its band (priority {entry.priority})"
+        if late is None:
+            message = f"flow control: waited {waited:.3f}s, the limit of its band (priority {entry.priority})"
+            explain = ""
+        else:
+            message = (
+                f"flow control: waited {waited:.3f}s; its pod would answer past the limit of its band"
+                f" (priority {entry.priority})"
+            )
+            explain = (
+                f"not dispatched: its pod {late.address} is expected to start answering in"
+                f" {late.expected:.3f}s, {late.left:.3f}s of its limit left"
+            )
         error: errors.PickerError
         if resolved.request.critical:
-            error = errors.QueueExpired(message, model=resolved.model, target=resolved.target)
+            error = errors.QueueExpired(
+                message, model=resolved.model, target=resolved.target, explain=explain
+            )
         else:
-            error = errors.ShedExpired(message, model=resolved.model, target=resolved.target)
+            error = errors.ShedExpired(message, model=resolved.model, target=resolved.target, explain=explain)
         self._answer(entry, error, EVICTED_TTL, now)
 
     def _answer(
